@@ -1,0 +1,133 @@
+"""STOP reward (layers ``stop_1..stop_4``).
+
+The first step with a stop flag ends the episode for scoring. A STOP *happens* when that step exists and
+no hard collision ended the scored episode before it (``RolloutGeometry.stopped``). Let ``s`` be the STOP
+step, ``k_s = s // 8 + 1`` its chunk, ``p_s`` the pose where the robot stops, ``d_s = |p_s - goal|``
+(Euclidean, metres), ``G_s`` the geodesic distance from ``p_s`` to the goal (metres) and ``rho`` the
+rollout's success radius. Terms (all credited to ``stop_{k_s}``, except the missed STOP):
+
+* ``success = 1`` when a STOP happens with ``d_s <= rho``.
+* ``premature = min(premature_scale * G_s, premature_cap)`` when a STOP happens with ``d_s > rho``
+  (``premature_cap`` also when ``G_s`` is not finite). Proportional to the remaining geodesic distance,
+  so a STOP at 5 rho costs 2.5 times a STOP at 2 rho until the cap.
+* ``near_goal = 1`` when a STOP happens with ``d_s > rho`` and the query state carries the
+  ``near_goal_continuation`` event (the expert keeps driving near the goal).
+* ``missed = 1`` when the query state carries ``required_stop`` and no STOP happens; credited to
+  ``stop_4`` (the last chunk, where the STOP was due at the latest).
+
+``stop_k = success_reward * success - premature - near_goal_penalty * near_goal - missed_stop_penalty *
+missed`` for the chunk each term is credited to; every other stop layer is 0. Diagnostics (``[N, 4]``, the
+same chunk placement): ``success``, ``premature`` (the capped penalty, already scaled), ``near_goal``,
+``missed``; and ``[N]``: ``stop_distance_m`` (``d_s``, NaN when no STOP happened).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from verl_omni.utils.reward_score.registry import (
+    ModuleResult,
+    RewardModule,
+    RewardModuleConfig,
+    check_non_negative,
+    register_reward,
+)
+from verl_omni.utils.reward_score.trajectory import CHUNKS, RolloutGeometry, chunk_of_step
+from verl_omni.utils.reward_score.types import RewardBatch
+
+STOP_LAYERS = tuple(f"stop_{k}" for k in range(1, CHUNKS + 1))
+
+
+@dataclass(frozen=True)
+class StopConfig(RewardModuleConfig):
+    """Options of the ``stop`` reward (see module docstring)."""
+
+    success_reward: float = 1.0
+    premature_scale: float = 0.5
+    premature_cap: float = 2.0
+    missed_stop_penalty: float = 1.0
+    near_goal_penalty: float = 0.5
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        for name in ("success_reward", "premature_scale", "premature_cap", "missed_stop_penalty", "near_goal_penalty"):
+            check_non_negative("stop", name, getattr(self, name))
+
+
+def stop_terms(
+    stopped: np.ndarray,
+    stop_step: np.ndarray,
+    stop_xy: np.ndarray,
+    stop_geodesic: np.ndarray,
+    goal: np.ndarray,
+    success_radius: np.ndarray,
+    required: np.ndarray,
+    near_goal_event: np.ndarray,
+    cfg: StopConfig,
+) -> dict[str, np.ndarray]:
+    """Per-chunk STOP terms.
+
+    Args:
+        stopped: ``bool [N]`` a STOP happened.
+        stop_step: ``int [N]`` STOP step (any value where ``stopped`` is False).
+        stop_xy: ``[N, 2]`` where the robot stops.
+        stop_geodesic: ``[N]`` geodesic metres to the goal there.
+        goal: ``[N, 2]``.
+        success_radius: ``[N]`` metres.
+        required: ``bool [N]`` the query state requires a STOP.
+        near_goal_event: ``bool [N]`` the query state is a near-goal continuation.
+        cfg: Weights and cap.
+
+    Returns:
+        ``{"success", "premature", "near_goal", "missed": [N, 4], "stop_distance_m": [N]}``.
+    """
+    n = stopped.shape[0]
+    dist = np.hypot(stop_xy[:, 0] - goal[:, 0], stop_xy[:, 1] - goal[:, 1])
+    inside = stopped & (dist <= success_radius)
+    outside = stopped & ~inside
+    at_stop = chunk_of_step(stop_step)[:, None] == np.arange(CHUNKS)[None, :]  # [N, 4]
+    premature_value = np.where(
+        np.isfinite(stop_geodesic),
+        np.minimum(cfg.premature_scale * np.where(np.isfinite(stop_geodesic), stop_geodesic, 0.0), cfg.premature_cap),
+        cfg.premature_cap,
+    )
+    missed = np.zeros((n, CHUNKS))
+    missed[:, -1] = required & ~stopped
+    return {
+        "success": (at_stop & inside[:, None]).astype(np.float64),
+        "premature": np.where(at_stop & outside[:, None], premature_value[:, None], 0.0),
+        "near_goal": (at_stop & (outside & near_goal_event)[:, None]).astype(np.float64),
+        "missed": missed,
+        "stop_distance_m": np.where(stopped, dist, np.nan),
+    }
+
+
+@register_reward("stop")
+class StopReward(RewardModule):
+    config_class = StopConfig
+    layers = STOP_LAYERS
+
+    def score(self, batch: RewardBatch, geometry: RolloutGeometry | None) -> ModuleResult:
+        cfg: StopConfig = self.config  # type: ignore[assignment]
+        rows = np.arange(batch.size)
+        end = geometry.end_step
+        terms = stop_terms(
+            stopped=geometry.stopped,
+            stop_step=geometry.stop_step,
+            stop_xy=geometry.scored_poses[rows, end, :2],
+            stop_geodesic=geometry.geodesic[rows, end],
+            goal=np.nan_to_num(batch.goal),
+            success_radius=np.nan_to_num(batch.success_radius),
+            required=batch.has_event("required_stop") & geometry.valid,
+            near_goal_event=batch.has_event("near_goal_continuation"),
+            cfg=cfg,
+        )
+        total = (
+            cfg.success_reward * terms["success"]
+            - terms["premature"]
+            - cfg.near_goal_penalty * terms["near_goal"]
+            - cfg.missed_stop_penalty * terms["missed"]
+        )
+        return ModuleResult(scores={layer: total[:, k] for k, layer in enumerate(STOP_LAYERS)}, diagnostics=terms)

@@ -1,0 +1,118 @@
+"""Typed input and output of the reward set.
+
+``RewardBatch`` carries everything a reward module may read for ``N`` rollouts; ``RewardOutput`` carries
+one float32 score per rollout for every credit layer (``LAYER_NAMES``), named diagnostics and
+per-rollout warnings. Shapes follow ``docs/contracts.md``: 32 action steps ``(dx, dy, dyaw, stop)`` in
+metres / radians / {0, 1}, poses ``(x, y, yaw)`` in the scene frame.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from verl_omni.data.actions import ACTION_LAYOUT
+from verl_omni.pipelines.wnm_shared.layers import LAYER_NAMES
+from verl_omni.sim.events import EVENT_NAMES  # noqa: F401 - re-exported: the contract's single list of events
+
+
+def _float_array(name: str, value: Any, shape: tuple[int, ...]) -> np.ndarray:
+    arr = np.asarray(value, dtype=np.float64)
+    if arr.shape != shape:
+        raise ValueError(f"RewardBatch.{name}: expected shape {list(shape)}, got {list(arr.shape)}")
+    return arr
+
+
+def _str_list(name: str, value: Any, n: int) -> list[str]:
+    out = [str(v) for v in value]
+    if len(out) != n:
+        raise ValueError(f"RewardBatch.{name}: expected {n} entries (one per rollout), got {len(out)}")
+    return out
+
+
+@dataclass
+class RewardBatch:
+    """Rollouts to score. Non-finite values are allowed (they are scored as invalid, never raised).
+
+    Attributes:
+        actions: ``[N, 32, 4]`` decoded actions ``(dx, dy, dyaw, stop)``: metres, metres, radians, stop flag.
+        start_pose: ``[N, 3]`` world pose the actions start from.
+        reference_poses: ``[N, 33, 3]`` recorded expert poses (the start pose and 32 future poses).
+        goal: ``[N, 2]`` world goal position.
+        success_radius: ``[N]`` metres.
+        events: Per rollout, the event names of its query state (subset of ``EVENT_NAMES``).
+        scene_id: Per rollout, the occupancy scene id.
+        rollout_id: Per rollout, a unique name used in warnings.
+        generated_latents / target_latents: Optional ``[N, ...]`` video latents (numpy or torch).
+        generated_frames / target_frames: Optional ``[N, T, H, W, 3]`` pixels, uint8 (0..255) or float (0..1).
+    """
+
+    actions: np.ndarray
+    start_pose: np.ndarray
+    reference_poses: np.ndarray
+    goal: np.ndarray
+    success_radius: np.ndarray
+    events: list[list[str]]
+    scene_id: list[str]
+    rollout_id: list[str]
+    generated_latents: Any = None
+    target_latents: Any = None
+    generated_frames: Any = None
+    target_frames: Any = None
+
+    def __post_init__(self) -> None:
+        steps = ACTION_LAYOUT.steps
+        actions = np.asarray(self.actions, dtype=np.float64)
+        if actions.ndim != 3 or actions.shape[1:] != (steps, 4):
+            raise ValueError(f"RewardBatch.actions: expected shape [N, {steps}, 4], got {list(actions.shape)}")
+        n = actions.shape[0]
+        self.actions = actions
+        self.start_pose = _float_array("start_pose", self.start_pose, (n, 3))
+        self.reference_poses = _float_array("reference_poses", self.reference_poses, (n, steps + 1, 3))
+        self.goal = _float_array("goal", self.goal, (n, 2))
+        self.success_radius = _float_array("success_radius", self.success_radius, (n,))
+        if len(self.events) != n:
+            raise ValueError(f"RewardBatch.events: expected {n} lists (one per rollout), got {len(self.events)}")
+        self.events = [[str(e) for e in ev] for ev in self.events]
+        self.scene_id = _str_list("scene_id", self.scene_id, n)
+        self.rollout_id = _str_list("rollout_id", self.rollout_id, n)
+        for a, b in (("generated_latents", "target_latents"), ("generated_frames", "target_frames")):
+            ga, tb = getattr(self, a), getattr(self, b)
+            if (ga is None) != (tb is None):
+                raise ValueError(f"RewardBatch: {a} and {b} must be given together")
+            if ga is not None and (tuple(ga.shape) != tuple(tb.shape) or ga.shape[0] != n):
+                raise ValueError(
+                    f"RewardBatch: {a} {list(ga.shape)} and {b} {list(tb.shape)} must have the same "
+                    f"shape with {n} rollouts first"
+                )
+
+    @property
+    def size(self) -> int:
+        return self.actions.shape[0]
+
+    def has_event(self, name: str) -> np.ndarray:
+        """``bool [N]``: rollouts whose query state carries event ``name``."""
+        return np.array([name in ev for ev in self.events], dtype=bool)
+
+
+@dataclass
+class RewardOutput:
+    """Per-layer scores, diagnostics and warnings for a batch.
+
+    Attributes:
+        scores: ``{layer: float32 [N]}`` for every name in ``LAYER_NAMES`` (weighted sum of modules).
+        diagnostics: ``{"<module>/<term>": [N] or [N, 4]}`` un-weighted terms, per chunk where ``[N, 4]``.
+        warnings: Human-readable problems, each naming the rollout (``rollout <id>: ...``) or ``batch: ...``.
+        rollout_id: The batch's rollout ids, in order.
+    """
+
+    scores: dict[str, np.ndarray]
+    diagnostics: dict[str, np.ndarray] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
+    rollout_id: list[str] = field(default_factory=list)
+
+    def as_matrix(self) -> np.ndarray:
+        """``float32 [N, len(LAYER_NAMES)]`` scores in ``LAYER_NAMES`` order."""
+        return np.stack([self.scores[name] for name in LAYER_NAMES], axis=1).astype(np.float32)
