@@ -1,0 +1,118 @@
+"""Expert planner: collision-free, near-shortest paths and fixed-step poses with hand-computed counts."""
+
+import math
+
+import numpy as np
+import pytest
+
+from verl_omni.data.actions import poses_to_actions
+from verl_omni.data.occupancy import OccupancyMap
+from verl_omni.sim.planner import ExpertPlanner, PlannerConfig, PlanningError, poses_along, resample_polyline
+
+RES = 0.05
+
+
+def _wall_with_gap() -> OccupancyMap:
+    """10 m x 6 m room; a 0.1 m wall at x = 5 from the south wall up to y = 4.5 leaves a 1.4 m gap."""
+    occ = np.zeros((120, 200), bool)
+    occ[:2, :] = occ[-2:, :] = occ[:, :2] = occ[:, -2:] = True
+    occ[:90, 99:101] = True
+    return OccupancyMap.from_grid(occ, RES, (0.0, 0.0), scene_id="gap")
+
+
+def _open_room() -> OccupancyMap:
+    occ = np.zeros((60, 240), bool)  # 12 m x 3 m
+    occ[:2, :] = occ[-2:, :] = occ[:, :2] = occ[:, -2:] = True
+    return OccupancyMap.from_grid(occ, RES, (0.0, 0.0), scene_id="open")
+
+
+def test_resample_polyline_hand_values():
+    pts = resample_polyline(np.array([[0.0, 0.0], [1.0, 0.0], [1.0, 1.0]]), 0.4)
+    expected = [[0, 0], [0.4, 0], [0.8, 0], [1.0, 0.2], [1.0, 0.6], [1.0, 1.0]]
+    np.testing.assert_allclose(pts, expected, atol=1e-12)
+    np.testing.assert_allclose(resample_polyline(np.array([[0.0, 0.0], [0.3, 0.4]]), 0.25)[-1], [0.3, 0.4])
+
+
+def test_poses_along_turns_in_place_then_moves_straight():
+    pts = np.array([[0.0, 0.0], [0.25, 0.0], [0.5, 0.0]])
+    poses = poses_along(pts, start_yaw=math.pi / 2, max_turn=math.pi / 6)
+    # 90 degrees to turn at 30 degrees per step: 3 in-place rotations, then 2 straight moves.
+    assert len(poses) == 1 + 3 + 2
+    np.testing.assert_allclose(poses[1:4, 2], [math.pi / 3, math.pi / 6, 0.0], atol=1e-12)
+    actions = poses_to_actions(poses)
+    np.testing.assert_allclose(actions[3:, 0], 0.25, atol=1e-12)
+    np.testing.assert_allclose(actions[:, 1], 0.0, atol=1e-12)
+
+
+def test_path_is_collision_free_and_near_geodesic():
+    occ = _wall_with_gap()
+    cfg = PlannerConfig()
+    start, goal = np.array([1.0, 1.0]), np.array([9.0, 1.0])
+    planner = ExpertPlanner(occ, goal, cfg)
+    path = planner.path(start)
+    np.testing.assert_allclose(path[0], start)
+    np.testing.assert_allclose(path[-1], goal)
+    dense = resample_polyline(path, 0.01)
+    assert not occ.disc_collides(dense, cfg.robot_radius).any()
+    length = np.linalg.norm(np.diff(path, axis=0), axis=1).sum()
+    geodesic = float(occ.geodesic_at(goal, start))
+    # Lower bound by hand: up to the gap and back down, around the wall end at (5, 4.5):
+    # 2 * hypot(4, 3.5) for a point robot hugging the corner.
+    assert length >= 2 * math.hypot(4.0, 3.5) - 1e-6
+    assert length <= 1.05 * geodesic, (length, geodesic)
+
+
+def test_continuation_straight_to_goal_hand_counts():
+    occ = _open_room()
+    planner = ExpertPlanner(occ, np.array([9.0, 1.5]))
+    # 2 m straight ahead: 8 moves of 0.25 m, STOP from step 8 on, final pose repeated.
+    poses, stop = planner.continuation(np.array([7.0, 1.5, 0.0]), horizon=32)
+    assert poses.shape == (33, 3) and stop.shape == (32,)
+    assert stop[:8].sum() == 0 and stop[8:].all()
+    np.testing.assert_allclose(poses[:9, 0], 7.0 + 0.25 * np.arange(9), atol=1e-9)
+    np.testing.assert_allclose(poses[8:], np.repeat([[9.0, 1.5, 0.0]], 25, axis=0), atol=1e-9)
+    # Facing away: 180 degrees = 6 in-place rotations of 30 degrees first, then the 8 moves.
+    poses, stop = planner.continuation(np.array([7.0, 1.5, math.pi]), horizon=32)
+    assert int(np.argmax(stop)) == 14
+    np.testing.assert_allclose(poses[:7, :2], [[7.0, 1.5]] * 7, atol=1e-9)
+    actions = poses_to_actions(poses, stop)
+    assert np.abs(actions[:, 2]).max() <= math.pi / 6 + 1e-9
+
+
+def test_continuation_truncates_long_paths_and_stops_at_goal():
+    occ = _wall_with_gap()
+    cfg = PlannerConfig()
+    planner = ExpertPlanner(occ, np.array([9.0, 1.0]), cfg)
+    poses, stop = planner.continuation(np.array([1.0, 1.0, 1.2]), horizon=32)
+    assert stop.sum() == 0  # about 11 m away: the expert is still moving after 32 steps
+    actions = poses_to_actions(poses, stop)
+    steps = np.hypot(actions[:, 0], actions[:, 1])
+    assert steps.max() <= cfg.step_length + 1e-9 and np.abs(actions[:, 1]).max() < 1e-9
+    assert np.abs(actions[:, 2]).max() <= cfg.max_turn_rad + 1e-9
+    assert not occ.disc_collides(poses[:, :2], cfg.robot_radius).any()
+    # Already at the goal: STOP immediately.
+    poses, stop = planner.continuation(np.array([9.0, 1.1, 0.0]), horizon=32)
+    assert stop.all() and np.allclose(poses, [[9.0, 1.1, 0.0]])
+
+
+def test_start_near_a_wall_recovers_without_collision():
+    occ = _wall_with_gap()
+    cfg = PlannerConfig()
+    planner = ExpertPlanner(occ, np.array([9.0, 1.0]), cfg)
+    start = np.array([4.68, 2.0])  # 0.22 m from the wall face at x = 4.95: inside the safety margin
+    path = planner.path(start)
+    assert not occ.disc_collides(resample_polyline(path, 0.01), cfg.robot_radius).any()
+
+
+def test_unreachable_goal_and_bad_config():
+    occ = np.zeros((40, 80), bool)
+    occ[:, 39:41] = True  # a full wall: the right half cannot be reached from the left
+    m = OccupancyMap.from_grid(occ, RES)
+    planner = ExpertPlanner(m, np.array([3.0, 1.0]))
+    assert not planner.reachable(np.array([1.0, 1.0]))
+    with pytest.raises(PlanningError, match="no collision-free path"):
+        planner.path(np.array([1.0, 1.0]))
+    with pytest.raises(PlanningError, match="clearance"):
+        ExpertPlanner(m, np.array([1.99, 1.0]))
+    with pytest.raises(ValueError, match="step_length"):
+        PlannerConfig(step_length=0.0)
