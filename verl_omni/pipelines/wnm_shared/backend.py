@@ -1,0 +1,124 @@
+"""The rollout backend interface and the results it returns (DESIGN 5.4)."""
+
+from __future__ import annotations
+
+import abc
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from verl_omni.data.actions import ActionNormalization
+from verl_omni.pipelines.wnm_shared.layers import LAYER_NAMES, STOP_CHANNEL
+from verl_omni.pipelines.wnm_shared.requests import RolloutRequest
+
+STOP_THRESHOLD = 0.5  # docs/contracts.md: decoded stop flag = denormalized stop > 0.5
+DYAW_CHANNEL = 2
+
+
+def decode_actions(normalized: torch.Tensor, normalization: ActionNormalization) -> torch.Tensor:
+    """Normalized model actions -> metres, radians and stop flags.
+
+    Args:
+        normalized: ``[..., 4]`` ``(dx, dy, dyaw, stop)`` in the checkpoint's normalized space.
+        normalization: The checkpoint's action normalization.
+
+    Returns:
+        ``[..., 4]`` fp32: ``dx, dy`` in metres, ``dyaw`` in radians wrapped to ``(-pi, pi]``, stop in {0, 1}.
+    """
+    raw = normalization.denormalize(normalized.float())
+    dyaw = raw[..., DYAW_CHANNEL]
+    wrapped = math.pi - torch.remainder(math.pi - dyaw, 2.0 * math.pi)
+    stop = (raw[..., STOP_CHANNEL] > STOP_THRESHOLD).to(raw.dtype)
+    return torch.stack([raw[..., 0], raw[..., 1], wrapped, stop], dim=-1)
+
+
+@dataclass
+class RolloutResults:
+    """Rollouts of one ``generate`` call, in request order (all tensors on CPU).
+
+    Attributes:
+        request_ids: ``R`` request ids.
+        requests: The requests themselves.
+        actions: ``[R, 32, 4]`` decoded actions (metres, radians, stop flags).
+        actions_normalized: ``[R, 32, 4]`` final action latents (normalized space).
+        video_latents: ``[R, C, T', h, w]`` final target video latents.
+        window_steps: ``[R, W]`` int64 denoising steps of each request's SDE window.
+        window_states: ``[R, W + 1, D]`` fp32 joint latents: ``x_i`` before each window step and
+            ``x_{i+1}`` after the last (the window is contiguous).
+        noise_coefs: ``[R, W]`` float64 ``g_i`` of each window step.
+        sigmas: ``[K + 1]`` float64 schedule.
+        timesteps: ``[K]`` float64 (``1000 s_i``).
+        logprobs: ``[R, W, 9]`` fp32 per-layer log-probs of each window transition.
+        context_rows: ``[R]`` int64 rows of the context each request used.
+        weight_version: Version of the weights that produced them.
+        layer_names: :data:`LAYER_NAMES`.
+    """
+
+    request_ids: list[str]
+    requests: list[RolloutRequest]
+    actions: torch.Tensor
+    actions_normalized: torch.Tensor
+    video_latents: torch.Tensor
+    window_steps: torch.Tensor
+    window_states: torch.Tensor
+    noise_coefs: torch.Tensor
+    sigmas: torch.Tensor
+    timesteps: torch.Tensor
+    logprobs: torch.Tensor
+    context_rows: torch.Tensor
+    weight_version: int
+    layer_names: tuple[str, ...] = LAYER_NAMES
+
+    def __len__(self) -> int:
+        return len(self.request_ids)
+
+    @property
+    def x_prev(self) -> torch.Tensor:
+        """``[R, W, D]`` latents ``x_i`` entering each window step."""
+        return self.window_states[:, :-1]
+
+    @property
+    def x_next(self) -> torch.Tensor:
+        """``[R, W, D]`` latents ``x_{i+1}`` leaving each window step."""
+        return self.window_states[:, 1:]
+
+    @property
+    def strata(self) -> torch.Tensor:
+        return torch.tensor([r.stratum for r in self.requests], dtype=torch.int64)
+
+    @property
+    def branches(self) -> torch.Tensor:
+        return torch.tensor([r.branch for r in self.requests], dtype=torch.int64)
+
+    @property
+    def sample_ids(self) -> list[str]:
+        return [r.sample_id for r in self.requests]
+
+
+class RolloutBackend(abc.ABC):
+    """What the rollout worker calls; implementations: ``native`` (in-process PyTorch)."""
+
+    @abc.abstractmethod
+    def generate(self, requests: Sequence[RolloutRequest], contexts) -> RolloutResults:
+        """Runs the rollouts. ``contexts`` holds one row per prompt; requests point at rows."""
+
+    @abc.abstractmethod
+    def update_weights(
+        self, named_tensors: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]], version: int
+    ) -> None:
+        """Loads new DiT weights (all of them, by parameter name) and records their version."""
+
+    @abc.abstractmethod
+    def sleep(self) -> None:
+        """Releases accelerator memory between rollout phases."""
+
+    @abc.abstractmethod
+    def wake_up(self) -> None:
+        """Restores what :meth:`sleep` released."""
+
+    @property
+    @abc.abstractmethod
+    def weight_version(self) -> int:
+        """Version of the weights currently loaded."""

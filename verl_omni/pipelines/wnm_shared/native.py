@@ -1,0 +1,228 @@
+"""The ``native`` rollout backend: in-process, batched PyTorch generation (DESIGN 5.4).
+
+The DiT runs in the configured dtype (bf16 on GPU); the SDE math and log-probs run in fp32. Requests
+that share a window run in lockstep, in chunks of ``NativeBackendConfig.effective_chunk_size``.
+
+Determinism: torch's CPU kernels (GEMM blocking, long reductions split across threads) may round
+differently for a batch of one than for a batch of sixteen. In deterministic mode (the CPU default)
+every request is therefore evaluated on its own, so its tensors have the same shapes, hence the same
+kernels and bits, whatever batch it arrived in. On GPU the default batches everything for throughput;
+results then agree with the per-request ones to bf16 tolerance, not bit for bit.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+
+import torch
+from torch import nn
+
+from verl_omni.data.actions import ActionLayout, ActionNormalization
+from verl_omni.pipelines.wnm_shared.backend import RolloutBackend, RolloutResults, decode_actions
+from verl_omni.pipelines.wnm_shared.config import NativeBackendConfig, SamplerConfig
+from verl_omni.pipelines.wnm_shared.layers import JointLayout, LayerTable
+from verl_omni.pipelines.wnm_shared.requests import RolloutRequest
+from verl_omni.pipelines.wnm_shared.rng import initial_noise, sde_noise
+from verl_omni.pipelines.wnm_shared.schedule import sigmas_to_timesteps
+from verl_omni.pipelines.wnm_shared.sde import euler_step, sde_step, transition_layer_logprob
+from verl_omni.pipelines.wnm_shared.velocity import check_finite, chunk_slices, joint_velocity
+
+
+def context_rows_count(contexts) -> int | None:
+    """Number of rows of a ``WNMContext``-like object, if it exposes ``encoder_tokens``."""
+    tokens = getattr(contexts, "encoder_tokens", None)
+    return int(tokens.shape[0]) if isinstance(tokens, torch.Tensor) else None
+
+
+def validate_requests(requests: Sequence[RolloutRequest], sampler: SamplerConfig, num_rows: int | None) -> None:
+    """Refuses empty batches, duplicate ids, foreign step counts and out-of-range context rows."""
+    if not requests:
+        raise ValueError("generate: empty request list")
+    seen: set[str] = set()
+    for r in requests:
+        if not isinstance(r, RolloutRequest):
+            raise TypeError(f"generate: expected RolloutRequest, got {type(r).__name__}")
+        if r.request_id in seen:
+            raise ValueError(f"generate: duplicate request_id {r.request_id!r}")
+        seen.add(r.request_id)
+        if r.num_steps is not None and r.num_steps != sampler.num_steps:
+            raise ValueError(
+                f"request {r.request_id}: asks for {r.num_steps} denoising steps, the sampler runs {sampler.num_steps}"
+            )
+        if num_rows is not None and r.context_row >= num_rows:
+            raise IndexError(f"request {r.request_id}: context_row {r.context_row} but the context has {num_rows} rows")
+
+
+class NativeRolloutBackend(RolloutBackend):
+    """In-process rollout backend.
+
+    Args:
+        transformer: Velocity module with the ``WNMTransformer.forward`` signature.
+        video_shape: Target video latent shape ``(C, T', h, w)``.
+        normalization: The checkpoint's action normalization (for decoding).
+        sampler: Sampler configuration.
+        config: Execution configuration.
+        action_layout: Action layout (32 steps x 4 channels, 4 chunks).
+    """
+
+    def __init__(
+        self,
+        transformer: nn.Module,
+        video_shape: tuple[int, int, int, int],
+        normalization: ActionNormalization,
+        sampler: SamplerConfig | None = None,
+        config: NativeBackendConfig | None = None,
+        action_layout: ActionLayout | None = None,
+    ) -> None:
+        self.sampler = sampler or SamplerConfig()
+        self.config = config or NativeBackendConfig()
+        self.layout = JointLayout(video_shape, action_layout or ActionLayout())
+        self.table = LayerTable(self.layout)
+        self.normalization = normalization
+        self.device = torch.device(self.config.device)
+        self.transformer = transformer.to(device=self.device, dtype=self.config.torch_dtype).eval()
+        self._version = 0
+        self._asleep = False
+
+    @classmethod
+    def from_model(cls, model, sampler: SamplerConfig | None = None, config: NativeBackendConfig | None = None):
+        """Builds the backend around a ``WNMModel`` (its transformer, shapes and action normalization)."""
+        cfg = model.config
+        layout = ActionLayout(steps=cfg.action_steps, chunks=cfg.action_chunks)
+        if layout.num_channels != cfg.action_channels:
+            raise ValueError(f"model action_channels {cfg.action_channels} != {layout.num_channels} of the contract")
+        return cls(
+            model.transformer, tuple(cfg.target_latent_shape), model.action_normalization, sampler, config, layout
+        )
+
+    # ----------------------------------------------------------------------------------------- interface
+    @property
+    def weight_version(self) -> int:
+        return self._version
+
+    def update_weights(
+        self, named_tensors: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]], version: int
+    ) -> None:
+        """Copies a full set of DiT parameters/buffers into the backend's transformer."""
+        items = dict(named_tensors.items() if isinstance(named_tensors, Mapping) else named_tensors)
+        state = self.transformer.state_dict()
+        unknown = sorted(set(items) - set(state))
+        missing = sorted(set(state) - set(items))
+        if unknown or missing:
+            raise KeyError(
+                f"update_weights(version={version}): unknown names {unknown[:5]}, missing names {missing[:5]}"
+            )
+        for name, tensor in items.items():
+            if tuple(tensor.shape) != tuple(state[name].shape):
+                raise ValueError(
+                    f"update_weights: {name} has shape {list(tensor.shape)}, expected {list(state[name].shape)}"
+                )
+        with torch.no_grad():
+            for name, tensor in items.items():
+                state[name].copy_(tensor)
+        self._version = int(version)
+
+    def sleep(self) -> None:
+        """Moves the DiT to CPU and frees cached accelerator memory."""
+        if self.device.type != "cpu":
+            self.transformer.to("cpu")
+            torch.cuda.empty_cache()
+        self._asleep = True
+
+    def wake_up(self) -> None:
+        self.transformer.to(self.device)
+        self._asleep = False
+
+    def encode_prompts(self, model, history_frames: torch.Tensor, instructions: list[str]):
+        """Encodes prompt contexts once (frozen encoders); every rollout of a prompt reuses its row."""
+        return model.encode_context(history_frames, instructions)
+
+    # ----------------------------------------------------------------------------------------- generate
+    @torch.no_grad()
+    def generate(self, requests: Sequence[RolloutRequest], contexts) -> RolloutResults:
+        """Samples every request; results in request order.
+
+        Args:
+            requests: ``R`` requests (may mix prompts, strata, branches).
+            contexts: ``WNMContext``-like with one row per prompt (``request.context_row`` indexes it).
+        """
+        if self._asleep:
+            raise RuntimeError("generate called while the native backend is asleep; call wake_up() first")
+        validate_requests(requests, self.sampler, context_rows_count(contexts))
+        sigmas = self.sampler.sigmas()
+        ctx = contexts.to(self.device, self.config.torch_dtype)
+        windows = [self.sampler.window(r.seed, r.step) for r in requests]
+        # Requests sharing a window run in lockstep; in a training step there is one window.
+        groups: dict[tuple[int, ...], list[int]] = {}
+        for i, w in enumerate(windows):
+            groups.setdefault(w, []).append(i)
+        per_request: list[dict | None] = [None] * len(requests)
+        for window, idx in groups.items():
+            for sl in chunk_slices(len(idx), self.config.effective_chunk_size):
+                chunk = [requests[i] for i in idx[sl]]
+                for i, out in zip(idx[sl], self._denoise(chunk, ctx, sigmas, window), strict=True):
+                    per_request[i] = out
+        stacked = {k: torch.stack([o[k] for o in per_request]) for k in per_request[0]}
+        video, actions_norm = self.layout.split(stacked.pop("final"))
+        return RolloutResults(
+            request_ids=[r.request_id for r in requests],
+            requests=list(requests),
+            actions=decode_actions(actions_norm, self.normalization),
+            actions_normalized=actions_norm.clone(),
+            video_latents=video.clone(),
+            window_steps=stacked["window_steps"],
+            window_states=stacked["window_states"],
+            noise_coefs=stacked["noise_coefs"],
+            sigmas=sigmas,
+            timesteps=sigmas_to_timesteps(sigmas),
+            logprobs=stacked["logprobs"],
+            context_rows=torch.tensor([r.context_row for r in requests], dtype=torch.int64),
+            weight_version=self._version,
+        )
+
+    def _denoise(self, chunk: list[RolloutRequest], ctx, sigmas: torch.Tensor, window: tuple[int, ...]) -> list[dict]:
+        """Runs all ``K`` steps for one chunk of requests sharing ``window``; per-request CPU outputs."""
+        ids = [r.request_id for r in chunk]
+        dev, numel = self.device, self.layout.numel
+        rows = torch.tensor([r.context_row for r in chunk], dtype=torch.int64, device=dev)
+        chunk_ctx = ctx.select(rows)
+        x = torch.stack([initial_noise(r.seed, r.step, r.sample_id, r.stratum, numel) for r in chunk]).to(dev)
+        states, logps, coefs = [], [], []
+        for i in range(self.sampler.num_steps):
+            s, s_next = float(sigmas[i]), float(sigmas[i + 1])
+            v = joint_velocity(self.transformer, self.layout, x, s, chunk_ctx, self.config.torch_dtype)
+            if self.config.check_finite:
+                check_finite(v, "velocity", ids, i)
+            if i in window:
+                g = self.sampler.noise_coefficient(sigmas, i)
+                noise = torch.stack(
+                    [sde_noise(r.seed, r.step, r.sample_id, r.stratum, r.branch, i, numel) for r in chunk]
+                ).to(dev)
+                states.append(x)
+                x_next, _ = sde_step(x, v, noise, s, s_next, g)
+                logps.append(transition_layer_logprob(x, v, x_next, s, s_next, g, self.table))
+                coefs.append(g)
+                if i == window[-1]:
+                    states.append(x_next)
+            else:
+                x_next = euler_step(x, v, s, s_next)
+            if self.config.check_finite:
+                check_finite(x_next, "latents", ids, i)
+            x = x_next
+        if self.config.check_finite:
+            check_finite(torch.stack(logps, 1), "log-probs", ids, None)
+        states_t = torch.stack(states, 1).cpu()
+        logps_t = torch.stack(logps, 1).cpu()
+        final = x.cpu()
+        steps_t = torch.tensor(window, dtype=torch.int64)
+        coefs_t = torch.tensor(coefs, dtype=torch.float64)
+        return [
+            {
+                "final": final[j],
+                "window_states": states_t[j],
+                "logprobs": logps_t[j],
+                "window_steps": steps_t,
+                "noise_coefs": coefs_t,
+            }
+            for j in range(len(chunk))
+        ]
