@@ -208,3 +208,45 @@ def test_batched_mode_agrees_with_deterministic_mode():
     torch.testing.assert_close(bat.logprobs, det.logprobs, rtol=1e-5, atol=1e-4)
     torch.testing.assert_close(bat.window_states, det.window_states, rtol=1e-5, atol=1e-5)
     assert bat.request_ids == det.request_ids and list(LAYER_NAMES) == list(det.layer_names)
+
+
+def _euler_reference(backend, x0, ctx_row, sigmas):
+    """float64 Euler integration of the linear fixture from x0: the independent ODE reference."""
+    model = backend.transformer.double()
+    ctx = make_contexts([ctx_row]).to("cpu", torch.float64)
+    x = x0.double()[None]
+    for i in range(len(sigmas) - 1):
+        s, s_next = float(sigmas[i]), float(sigmas[i + 1])
+        video, actions = x[:, :96].reshape(1, *VIDEO), x[:, 96:].reshape(1, 32, 4)
+        vv, va = model(video, actions, torch.tensor([s], dtype=torch.float64), ctx)
+        v = torch.cat([vv.reshape(1, -1), va.reshape(1, -1)], 1)
+        x = x + (s_next - s) * v
+    backend.transformer.float()
+    return x[0]
+
+
+def test_ode_mode_is_plain_euler_from_the_stratum_noise():
+    backend = make_backend()
+    req = RolloutRequest(sample_id="p", stratum=2, branch=3, step=5, seed=11)
+    res = backend.generate([req], make_contexts([0]), ode=True)
+    assert res.window_states.shape == (1, 0, D) and res.logprobs.shape == (1, 0, 9)
+    x0 = initial_noise(11, 5, "p", 2, D)
+    expected = _euler_reference(backend, x0, 0, backend.sampler.sigmas())
+    got = torch.cat([res.video_latents.reshape(1, -1), res.actions_normalized.reshape(1, -1)], 1)[0]
+    torch.testing.assert_close(got.double(), expected, rtol=1e-4, atol=1e-5)
+    # The ODE ignores the branch: every branch of a stratum gives the same sample.
+    other = backend.generate([RolloutRequest(sample_id="p", stratum=2, branch=0, step=5, seed=11)],
+                             make_contexts([0]), ode=True)
+    assert torch.equal(other.video_latents, res.video_latents)
+
+
+def test_independent_initial_noise_ablation_breaks_stratum_sharing():
+    sampler = SamplerConfig(num_steps=6, window_strategy="fixed", window_start=1, window_size=2,
+                            shared_initial_noise=False)
+    backend = make_backend(sampler)
+    reqs = stratified_requests(["p"], run_seed=3, step=1, num_strata=1, num_branches=2)
+    res = backend.generate(reqs, make_contexts([0]))
+    x0_first = res.window_states[:, 0]  # x at the first window step differs already before any SDE noise
+    assert not torch.equal(x0_first[0], x0_first[1])
+    shared = make_backend().generate(reqs, make_contexts([0]))
+    assert torch.equal(shared.window_states[0, 0], shared.window_states[1, 0])

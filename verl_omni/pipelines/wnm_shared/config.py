@@ -35,6 +35,8 @@ class SamplerConfig:
         progressive_interval: Training steps per one-step shift of the ``progressive`` window.
         num_strata: Noise strata per prompt.
         num_branches: Counterfactual branches per stratum.
+        shared_initial_noise: Branches of a stratum share ``x_0`` (the counterfactual design). False draws
+            ``x_0`` per rollout, for the ablation that removes the counterfactual structure.
     """
 
     num_steps: int = 10
@@ -48,6 +50,7 @@ class SamplerConfig:
     progressive_interval: int = 1
     num_strata: int = 4
     num_branches: int = 4
+    shared_initial_noise: bool = True
 
     def __post_init__(self) -> None:
         for name in ("num_steps", "window_size", "progressive_interval", "num_strata", "num_branches"):

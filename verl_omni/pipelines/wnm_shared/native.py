@@ -20,7 +20,7 @@ from torch import nn
 from verl_omni.data.actions import ActionLayout, ActionNormalization
 from verl_omni.pipelines.wnm_shared.backend import RolloutBackend, RolloutResults, decode_actions
 from verl_omni.pipelines.wnm_shared.config import NativeBackendConfig, SamplerConfig
-from verl_omni.pipelines.wnm_shared.layers import JointLayout, LayerTable
+from verl_omni.pipelines.wnm_shared.layers import NUM_LAYERS, JointLayout, LayerTable
 from verl_omni.pipelines.wnm_shared.requests import RolloutRequest
 from verl_omni.pipelines.wnm_shared.rng import initial_noise, sde_noise
 from verl_omni.pipelines.wnm_shared.schedule import sigmas_to_timesteps
@@ -139,19 +139,21 @@ class NativeRolloutBackend(RolloutBackend):
 
     # ----------------------------------------------------------------------------------------- generate
     @torch.no_grad()
-    def generate(self, requests: Sequence[RolloutRequest], contexts) -> RolloutResults:
+    def generate(self, requests: Sequence[RolloutRequest], contexts, ode: bool = False) -> RolloutResults:
         """Samples every request; results in request order.
 
         Args:
             requests: ``R`` requests (may mix prompts, strata, branches).
             contexts: ``WNMContext``-like with one row per prompt (``request.context_row`` indexes it).
+            ode: Deterministic evaluation: every step is an Euler step (eta = 0) from the request's initial
+                noise; the window tensors come back empty (``W = 0``) and there are no log-probs.
         """
         if self._asleep:
             raise RuntimeError("generate called while the native backend is asleep; call wake_up() first")
         validate_requests(requests, self.sampler, context_rows_count(contexts))
         sigmas = self.sampler.sigmas()
         ctx = contexts.to(self.device, self.config.torch_dtype)
-        windows = [self.sampler.window(r.seed, r.step) for r in requests]
+        windows = [() if ode else self.sampler.window(r.seed, r.step) for r in requests]
         # Requests sharing a window run in lockstep; in a training step there is one window.
         groups: dict[tuple[int, ...], list[int]] = {}
         for i, w in enumerate(windows):
@@ -186,7 +188,10 @@ class NativeRolloutBackend(RolloutBackend):
         dev, numel = self.device, self.layout.numel
         rows = torch.tensor([r.context_row for r in chunk], dtype=torch.int64, device=dev)
         chunk_ctx = ctx.select(rows)
-        x = torch.stack([initial_noise(r.seed, r.step, r.sample_id, r.stratum, numel) for r in chunk]).to(dev)
+        shared = self.sampler.shared_initial_noise
+        x = torch.stack(
+            [initial_noise(r.seed, r.step, r.sample_id, r.stratum, numel, None if shared else r.branch) for r in chunk]
+        ).to(dev)
         states, logps, coefs = [], [], []
         for i in range(self.sampler.num_steps):
             s, s_next = float(sigmas[i]), float(sigmas[i + 1])
@@ -209,10 +214,15 @@ class NativeRolloutBackend(RolloutBackend):
             if self.config.check_finite:
                 check_finite(x_next, "latents", ids, i)
             x = x_next
-        if self.config.check_finite:
-            check_finite(torch.stack(logps, 1), "log-probs", ids, None)
-        states_t = torch.stack(states, 1).cpu()
-        logps_t = torch.stack(logps, 1).cpu()
+        b = len(chunk)
+        if logps:
+            if self.config.check_finite:
+                check_finite(torch.stack(logps, 1), "log-probs", ids, None)
+            states_t = torch.stack(states, 1).cpu()
+            logps_t = torch.stack(logps, 1).cpu()
+        else:  # ODE: no SDE window
+            states_t = torch.zeros(b, 0, numel)
+            logps_t = torch.zeros(b, 0, NUM_LAYERS)
         final = x.cpu()
         steps_t = torch.tensor(window, dtype=torch.int64)
         coefs_t = torch.tensor(coefs, dtype=torch.float64)

@@ -4,7 +4,8 @@ Every random draw of a rollout comes from its own ``torch.Generator`` seeded by 
 tuple that identifies it, never from a global generator; the draws are made on the CPU in fp32 and moved
 afterwards, so a request gives the same numbers on any worker, in any batch, in any order.
 
-- initial noise: ``("init", run_seed, step, sample_id, stratum)`` (shared by the branches of a stratum);
+- initial noise: ``("init", run_seed, step, sample_id, stratum)`` (shared by the branches of a stratum;
+  ``("init_branch", ..., stratum, branch)`` when the sampler's ``shared_initial_noise`` is off);
 - SDE noise: ``("sde", run_seed, step, sample_id, stratum, branch, denoising_step)``;
 - window choice: ``("window", run_seed, step)`` (one window per training step).
 """
@@ -39,9 +40,18 @@ def generator_for(*parts: int | str) -> torch.Generator:
     return gen
 
 
-def initial_noise(run_seed: int, step: int, sample_id: str, stratum: int, numel: int) -> torch.Tensor:
-    """``x_0 ~ N(0, I)`` of one stratum: ``[numel]`` fp32 on CPU."""
-    gen = generator_for("init", run_seed, step, sample_id, stratum)
+def initial_noise(
+    run_seed: int, step: int, sample_id: str, stratum: int, numel: int, branch: int | None = None
+) -> torch.Tensor:
+    """``x_0 ~ N(0, I)`` of one stratum: ``[numel]`` fp32 on CPU.
+
+    With ``branch`` given, the noise is drawn per rollout instead (key ``("init_branch", ..., stratum,
+    branch)``): the "independent initial noise" ablation, where branches no longer share ``x_0``.
+    """
+    if branch is None:
+        gen = generator_for("init", run_seed, step, sample_id, stratum)
+    else:
+        gen = generator_for("init_branch", run_seed, step, sample_id, stratum, branch)
     return torch.randn(numel, generator=gen, dtype=torch.float32)
 
 

@@ -1,0 +1,157 @@
+"""Flow-matching SFT pieces and the make_tiny_wnm_checkpoint CLI on a minimal hand-written GN0 collection."""
+
+import json
+import math
+import runpy
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from verl_omni.data.video import write_video
+from verl_omni.models.wnm import WNMConfig, WNMModel, load_wnm_checkpoint, read_checkpoint_contract, sft
+from verl_omni.models.wnm.flow_matching import interpolate, velocity_target
+
+torch.set_num_threads(1)
+TOOL = Path(__file__).resolve().parents[2] / "tools" / "checkpoint" / "make_tiny_wnm_checkpoint.py"
+
+
+def _write_collection(root: Path, episodes: int = 2) -> Path:
+    """Episodes of 6 frames; one query at t = 5 whose expert drives straight ahead (+x) 0.1 m per step."""
+    rng = np.random.default_rng(0)
+    (root / "episodes").mkdir(parents=True)
+    (root / "collection.json").write_text(
+        json.dumps(
+            {
+                "format": "gn0-dagger/1",
+                "fps": 4,
+                "image_size": [64, 64],
+                "policy": {},
+                "history_frames": 33,
+                "target_frames": 33,
+            }
+        )
+    )
+    for e in range(episodes):
+        ep = root / "episodes" / f"s0000_e{e:03d}"
+        ep.mkdir()
+        write_video(ep / "rgb.mp4", rng.integers(0, 256, (6, 64, 64, 3), dtype=np.uint8), 4)
+        write_video(ep / "ref_5.mp4", rng.integers(0, 256, (33, 64, 64, 3), dtype=np.uint8), 4)
+        ref = [[0.1 * min(k, 28), 0.0, 0.0] for k in range(33)]  # stops moving after step 28
+        stop = [0] * 28 + [1] * 4
+        record = {
+            "episode_id": ep.name,
+            "scene_id": "s0000",
+            "instructions": ["go ahead", "drive forward"],
+            "goal": [2.8, 0.0],
+            "success_radius": 0.5,
+            "video": "rgb.mp4",
+            "poses": [[0.0, 0.0, 0.0]] * 6,
+            "queries": [
+                {
+                    "t": 5,
+                    "reference_poses": ref,
+                    "reference_stop": stop,
+                    "reference_video": "ref_5.mp4",
+                    "events": ["required_stop"],
+                }
+            ],
+        }
+        (ep / "episode.json").write_text(json.dumps(record))
+    return root
+
+
+def test_flow_matching_by_hand():
+    x0, eps = torch.tensor([[2.0, -1.0]]), torch.tensor([[0.0, 3.0]])
+    torch.testing.assert_close(interpolate(x0, eps, torch.tensor([0.25])), torch.tensor([[1.5, 0.0]]))
+    torch.testing.assert_close(velocity_target(x0, eps), torch.tensor([[-2.0, 4.0]]))
+
+
+def test_history_indices_clamp_at_zero():
+    assert sft.history_indices(5, 33) == [0] * 28 + [1, 2, 3, 4, 5]
+    assert sft.history_indices(40, 33) == list(range(8, 41))
+
+
+def test_load_examples_actions_and_split(tmp_path):
+    root = _write_collection(tmp_path / "gn0", episodes=3)
+    examples = sft.load_expert_examples(root, 33, (64, 64), progress=False)
+    assert len(examples) == 3
+    ex = examples[0]
+    assert ex.history.shape == (33, 64, 64, 3) and ex.target.shape == (33, 64, 64, 3)
+    expected = np.zeros((32, 4))
+    expected[:28, 0] = 0.1
+    expected[28:, 3] = 1.0
+    np.testing.assert_allclose(ex.actions, expected, atol=1e-12)
+    train, held = sft.split_by_episode(examples, 0.34, seed=0)
+    assert len(held) == 1 and len(train) == 2
+    assert not {e.episode_id for e in train} & {e.episode_id for e in held}
+    with pytest.raises(ValueError, match=r"image_size.*\[32, 32\]"):
+        sft.load_expert_examples(root, 33, (32, 32), progress=False)
+
+
+def test_encode_calibrates_latents_and_training_reduces_loss(tmp_path):
+    root = _write_collection(tmp_path / "gn0", episodes=2)
+    examples = sft.load_expert_examples(root, 33, (64, 64), progress=False)
+    torch.manual_seed(0)
+    model = WNMModel(WNMConfig.from_size("tiny", num_layers=1), sft.fit_action_normalization(examples))
+    rows = sft.encode_examples(model, examples, progress=False, calibrate=True)
+    assert rows.rows == 4 and rows.text.shape[0] == 4  # 2 examples x 2 instruction variants
+    z = rows.target_latents.transpose(0, 1).flatten(1).double()
+    torch.testing.assert_close(z.mean(1), torch.zeros(16, dtype=torch.float64), atol=1e-4, rtol=0)
+    torch.testing.assert_close(z.std(1), torch.ones(16, dtype=torch.float64), atol=1e-4, rtol=0)
+    # Normalized dx: mean 0.1 * 28/32 = 0.0875; the stop channel is left raw.
+    assert model.action_normalization.mean[0] == pytest.approx(0.0875)
+    cfg = sft.SFTConfig(steps=40, batch_size=4, lr=3e-3, eval_every=20, eval_rows=4)
+    result = sft.train_sft(model, rows, rows, cfg, progress=False)
+    assert [c[0] for c in result["curve"]] == [0, 20, 40]
+    assert result["final_heldout"]["loss"] < 0.8 * result["initial_heldout"]["loss"]
+    assert all(math.isfinite(x) for x in result["train_losses"])
+
+
+def _run_tool(argv, monkeypatch):
+    monkeypatch.setattr(sys, "argv", [str(TOOL), *argv])
+    with pytest.raises(SystemExit) as exc:
+        runpy.run_path(str(TOOL), run_name="__main__")
+    return exc.value.code
+
+
+def test_tool_writes_checkpoint_from_collection(tmp_path, monkeypatch, capsys):
+    root = _write_collection(tmp_path / "gn0", episodes=2)
+    out = tmp_path / "ckpt"
+    code = _run_tool(
+        [
+            "--output-dir",
+            str(out),
+            "--collection",
+            str(root),
+            "--sft-steps",
+            "2",
+            "--eval-every",
+            "1",
+            "--no-progress",
+            "--max-shard-mb",
+            "0.5",
+        ],
+        monkeypatch,
+    )
+    assert code == 0
+    printed = capsys.readouterr().out
+    assert "held-out flow-matching loss: initial" in printed and "loss curve" in printed
+    contract = read_checkpoint_contract(out)
+    assert contract["transform_metadata"]["fps"] == 4
+    assert contract["action_normalization"]["mean"][0] == pytest.approx(0.0875)
+    manifest = json.loads((out / "checkpoint_manifest.json").read_text())
+    assert manifest["provenance"]["sft_steps"] == 2 and len(manifest["provenance"]["loss_curve"]) == 3
+    assert (out / "transformer" / "model.safetensors.index.json").is_file()
+    assert load_wnm_checkpoint(out).config.fps == 4
+
+
+def test_tool_bad_arguments(tmp_path, monkeypatch, capsys):
+    assert _run_tool(["--output-dir", str(tmp_path), "--size", "tiny"], monkeypatch) == 2
+    assert "already exists" in capsys.readouterr().err
+    assert _run_tool(["--output-dir", str(tmp_path / "x"), "--sft-steps", "5"], monkeypatch) == 2
+    assert "--sft-steps needs --collection" in capsys.readouterr().err
+    assert _run_tool(["--output-dir", str(tmp_path / "y"), "--size", "huge"], monkeypatch) == 2
+    assert "unknown size 'huge'" in capsys.readouterr().err

@@ -1,0 +1,420 @@
+"""The joint video/action diffusion transformer (the trainable part of the WNM model).
+
+Sequence layout (self-attention)::
+
+    [ history video tokens (clean, timestep 0) | target video tokens (noisy) | action tokens (noisy) ]
+      Th' * h/ph * w/pw                          Tt' * h/ph * w/pw             32
+
+History and target are patchified with the same Wan patch embedding and get Wan's 3D RoPE as if they were
+one video whose target frames follow the history frames; action step k sits at the fractional latent time
+where its motion ends (``rope.py``). Video and action tokens of a sample share the noise level sigma; the
+history is clean, so modulation is per token (two groups: clean / noisy), the Wan2.2-TI2V idea.
+
+Cross-attention context: [text, image, geometry] tokens projected to the DiT width (``project_context``).
+
+Parameter names of the video part equal those of diffusers' ``WanTransformer3DModel`` (``patch_embedding``,
+``condition_embedder``, ``blocks.N``, ``proj_out``, ``scale_shift_table``), so a Wan2.x diffusers state dict
+initialises it through :meth:`WNMTransformer.load_wan_video_weights`. The action embedder/head and the
+image/geometry projectors are ours.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from diffusers.models.normalization import FP32LayerNorm
+from diffusers.models.transformers.transformer_wan import WanTimeTextImageEmbedding, WanTransformerBlock
+
+from .config import WNMConfig
+from .rope import joint_sequence_rope
+
+# Keys (prefixes) of the Wan-compatible video part; everything else in our state dict is WNM-specific.
+WAN_VIDEO_PREFIXES = ("patch_embedding.", "condition_embedder.", "blocks.", "proj_out.", "scale_shift_table")
+
+
+def is_wan_video_key(key: str) -> bool:
+    return any(key == p or key.startswith(p) for p in WAN_VIDEO_PREFIXES)
+
+
+@dataclass
+class WNMContext:
+    """Conditioning of one or more samples, computed once per prompt by the frozen encoders.
+
+    Attributes:
+        history_latents: ``[B, C, Th', h, w]`` normalized VAE latents of the 33 history frames.
+        encoder_tokens: ``[B, L, D]`` text, image and geometry tokens, already projected to the DiT width.
+        encoder_mask: ``[B, L]`` bool, True = attend; None = attend to all.
+    """
+
+    history_latents: torch.Tensor
+    encoder_tokens: torch.Tensor
+    encoder_mask: torch.Tensor | None = None
+
+    def __post_init__(self) -> None:
+        b = self.history_latents.shape[0]
+        if self.history_latents.ndim != 5:
+            raise ValueError(
+                f"WNMContext.history_latents must be [B, C, T, h, w], got {tuple(self.history_latents.shape)}"
+            )
+        if self.encoder_tokens.ndim != 3 or self.encoder_tokens.shape[0] != b:
+            raise ValueError(f"WNMContext.encoder_tokens must be [B={b}, L, D], got {tuple(self.encoder_tokens.shape)}")
+        if self.encoder_mask is not None and (
+            self.encoder_mask.dtype != torch.bool
+            or tuple(self.encoder_mask.shape) != tuple(self.encoder_tokens.shape[:2])
+        ):
+            raise ValueError(
+                f"WNMContext.encoder_mask must be bool [B, L]={tuple(self.encoder_tokens.shape[:2])}, got "
+                f"{self.encoder_mask.dtype} {tuple(self.encoder_mask.shape)}"
+            )
+
+    @property
+    def batch_size(self) -> int:
+        return self.history_latents.shape[0]
+
+    def select(self, index: torch.Tensor) -> WNMContext:
+        """Gathers rows (e.g. ``index = prompt_of_rollout`` to share one encoded prompt across its rollouts)."""
+        index = index.to(self.history_latents.device, torch.long)
+        return WNMContext(
+            history_latents=self.history_latents.index_select(0, index),
+            encoder_tokens=self.encoder_tokens.index_select(0, index),
+            encoder_mask=None if self.encoder_mask is None else self.encoder_mask.index_select(0, index),
+        )
+
+    def to(self, device: torch.device | str | None = None, dtype: torch.dtype | None = None) -> WNMContext:
+        """Moves tensors; ``dtype`` applies to the float tensors only (the mask stays bool)."""
+        return WNMContext(
+            history_latents=self.history_latents.to(device=device, dtype=dtype),
+            encoder_tokens=self.encoder_tokens.to(device=device, dtype=dtype),
+            encoder_mask=None if self.encoder_mask is None else self.encoder_mask.to(device=device),
+        )
+
+
+def _modulate(x: torch.Tensor, scale: torch.Tensor, shift: torch.Tensor, lengths: list[int] | None) -> torch.Tensor:
+    """``x * (1 + scale) + shift`` with one (scale, shift) per token group.
+
+    ``scale``/``shift`` are ``[B, G, D]``; ``lengths`` gives the G consecutive group lengths along the sequence
+    (None: a single group). Splitting avoids materialising a ``[B, S, 6, D]`` per-token table in every block.
+    """
+    if lengths is None:
+        return x * (1 + scale) + shift
+    parts = x.split(lengths, dim=1)
+    return torch.cat([p * (1 + scale[:, g : g + 1]) + shift[:, g : g + 1] for g, p in enumerate(parts)], dim=1)
+
+
+def _gate(x: torch.Tensor, y: torch.Tensor, gate: torch.Tensor, lengths: list[int] | None) -> torch.Tensor:
+    """``x + y * gate`` with one gate per token group (see :func:`_modulate`)."""
+    if lengths is None:
+        return x + y * gate
+    parts = y.split(lengths, dim=1)
+    return x + torch.cat([p * gate[:, g : g + 1] for g, p in enumerate(parts)], dim=1)
+
+
+class WNMTransformerBlock(WanTransformerBlock):
+    """diffusers' ``WanTransformerBlock`` (same modules and keys) with grouped modulation and a context mask.
+
+    The parent's forward takes either one modulation per sample or a full ``[B, S, 6, D]`` per-token table,
+    and never masks cross-attention. We need two modulation groups (clean history, noisy target + actions) and
+    a padding mask over the text tokens, so the forward is re-stated here with the parent's exact numerics
+    (fp32 norms and modulation, cast back to the activation dtype); a test checks equality with the parent.
+    """
+
+    def forward(  # type: ignore[override]
+        self,
+        hidden_states: torch.Tensor,
+        encoder_hidden_states: torch.Tensor,
+        temb: torch.Tensor,
+        rotary_emb: tuple[torch.Tensor, torch.Tensor],
+        encoder_attention_mask: torch.Tensor | None = None,
+        group_lengths: list[int] | None = None,
+    ) -> torch.Tensor:
+        """Runs the block.
+
+        Args:
+            hidden_states: ``[B, S, D]``.
+            encoder_hidden_states: ``[B, L, D]``.
+            temb: ``[B, 6, D]`` (one group) or ``[B, G, 6, D]`` with ``group_lengths`` summing to S.
+            rotary_emb: ``(cos, sin)`` each ``[1, S, 1, head_dim]``.
+            encoder_attention_mask: ``[B, L]`` bool (True = attend) or None.
+            group_lengths: Token counts of the G modulation groups, or None for ``temb [B, 6, D]``.
+
+        Returns:
+            ``[B, S, D]``.
+        """
+        if temb.ndim == 4:
+            if group_lengths is None or len(group_lengths) != temb.shape[1]:
+                raise ValueError("grouped temb [B, G, 6, D] needs group_lengths with G entries")
+            mods = (self.scale_shift_table.unsqueeze(0) + temb.float()).unbind(dim=2)  # 6 x [B, G, D]
+        else:
+            mods = (self.scale_shift_table + temb.float()).unbind(dim=1)  # 6 x [B, D]
+            mods = tuple(m.unsqueeze(1) for m in mods)
+            group_lengths = None
+        shift_msa, scale_msa, gate_msa, c_shift_msa, c_scale_msa, c_gate_msa = mods
+
+        # 1. Self-attention over the joint sequence.
+        normed = _modulate(self.norm1(hidden_states.float()), scale_msa, shift_msa, group_lengths)
+        attn_output = self.attn1(normed.type_as(hidden_states), None, None, rotary_emb)
+        hidden_states = _gate(hidden_states.float(), attn_output, gate_msa, group_lengths).type_as(hidden_states)
+
+        # 2. Cross-attention to the context; the mask broadcasts over heads and queries.
+        mask = None if encoder_attention_mask is None else encoder_attention_mask[:, None, None, :]
+        normed = self.norm2(hidden_states.float()).type_as(hidden_states)
+        hidden_states = hidden_states + self.attn2(normed, encoder_hidden_states, mask, None)
+
+        # 3. Feed-forward.
+        normed = _modulate(self.norm3(hidden_states.float()), c_scale_msa, c_shift_msa, group_lengths)
+        ff_output = self.ffn(normed.type_as(hidden_states))
+        hidden_states = _gate(hidden_states.float(), ff_output.float(), c_gate_msa, group_lengths)
+        return hidden_states.type_as(encoder_hidden_states)
+
+
+class _FeatureProjector(nn.Module):
+    """LayerNorm + 2-layer GELU MLP from an encoder's feature width to the DiT width."""
+
+    def __init__(self, in_dim: int, dim: int, eps: float) -> None:
+        super().__init__()
+        self.norm = FP32LayerNorm(in_dim, eps)
+        self.linear_1 = nn.Linear(in_dim, dim)
+        self.linear_2 = nn.Linear(dim, dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.norm(x.float()).type_as(x)
+        return self.linear_2(F.gelu(self.linear_1(h), approximate="tanh"))
+
+
+class WNMTransformer(nn.Module):
+    """Joint video/action DiT predicting the rectified-flow velocity ``v = eps - x0``.
+
+    Args:
+        config: The model config (dims, latent grid, action layout).
+    """
+
+    def __init__(self, config: WNMConfig) -> None:
+        super().__init__()
+        self.config = config
+        d = config.dim
+        c = config.latent_channels
+        self.patch_embedding = nn.Conv3d(c, d, kernel_size=config.patch_size, stride=config.patch_size)
+        self.condition_embedder = WanTimeTextImageEmbedding(
+            dim=d, time_freq_dim=config.freq_dim, time_proj_dim=6 * d, text_embed_dim=config.text_dim
+        )
+        self.blocks = nn.ModuleList(
+            [
+                WNMTransformerBlock(d, config.ffn_dim, config.num_heads, "rms_norm_across_heads", True, config.eps)
+                for _ in range(config.num_layers)
+            ]
+        )
+        self.norm_out = FP32LayerNorm(d, config.eps, elementwise_affine=False)
+        self.proj_out = nn.Linear(d, c * math.prod(config.patch_size))
+        self.scale_shift_table = nn.Parameter(torch.randn(1, 2, d) / d**0.5)
+
+        # WNM-specific parts: action embedder/head and the image/geometry projectors.
+        self.action_embedder = nn.Sequential(nn.Linear(config.action_channels, d), nn.SiLU(), nn.Linear(d, d))
+        self.action_norm_out = FP32LayerNorm(d, config.eps, elementwise_affine=False)
+        self.action_proj_out = nn.Linear(d, config.action_channels)
+        self.action_scale_shift_table = nn.Parameter(torch.randn(1, 2, d) / d**0.5)
+        self.image_projector = _FeatureProjector(config.image_dim, d, config.eps)
+        self.geometry_projector = (
+            _FeatureProjector(config.geometry_dim, d, config.eps) if config.variant == "wnm_3d" else None
+        )
+        self.gradient_checkpointing = False
+        self._rope_cache: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    # ----- layout ---------------------------------------------------------------------------------------
+    def _grid(self, latent_shape: tuple[int, ...]) -> tuple[int, int, int]:
+        pt, ph, pw = self.config.patch_size
+        _, t, h, w = latent_shape
+        return (t // pt, h // ph, w // pw)
+
+    def sequence_layout(self) -> dict[str, slice]:
+        """Token slices of the joint sequence: ``history``, ``target``, ``action``.
+
+        The target and action slices depend only on the config's frame counts and image size, never on the
+        history content, so the rollout can address them statically.
+        """
+        nh = math.prod(self._grid(self.config.history_latent_shape))
+        nt = math.prod(self._grid(self.config.target_latent_shape))
+        na = self.config.action_steps
+        return {"history": slice(0, nh), "target": slice(nh, nh + nt), "action": slice(nh + nt, nh + nt + na)}
+
+    def rotary_embedding(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(cos, sin)`` ``[1, S, 1, head_dim]`` for the joint sequence, cached per device."""
+        key = (str(device),)
+        if key not in self._rope_cache:
+            cfg = self.config
+            cos, sin = joint_sequence_rope(
+                self._grid(cfg.history_latent_shape),
+                self._grid(cfg.target_latent_shape),
+                cfg.action_steps,
+                cfg.vae_temporal_compression,
+                cfg.head_dim,
+                cfg.rope_theta,
+            )
+            self._rope_cache[key] = (cos.to(device), sin.to(device))
+        return self._rope_cache[key]
+
+    # ----- context --------------------------------------------------------------------------------------
+    def project_context(
+        self,
+        text_features: torch.Tensor,
+        text_mask: torch.Tensor,
+        image_features: torch.Tensor,
+        geometry_features: torch.Tensor | None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Projects frozen-encoder features to DiT-width context tokens.
+
+        Args:
+            text_features: ``[B, Lt, text_dim]``.
+            text_mask: ``[B, Lt]`` bool, True for real tokens.
+            image_features: ``[B, Li, image_dim]``.
+            geometry_features: ``[B, Lg, geometry_dim]`` (wnm_3d) or None (wnm_2d).
+
+        Returns:
+            ``(tokens [B, Lt + Li (+ Lg), D], mask [B, Lt + Li (+ Lg)] bool)``.
+        """
+        if (geometry_features is None) != (self.geometry_projector is None):
+            raise ValueError(f"variant {self.config.variant}: geometry features must be given iff variant is wnm_3d")
+        # Wan zero-fills text positions past the prompt before its projection; keep that convention.
+        text = text_features * text_mask[..., None].to(text_features.dtype)
+        tokens = [self.condition_embedder.text_embedder(text), self.image_projector(image_features)]
+        masks = [text_mask.bool(), torch.ones(image_features.shape[:2], dtype=torch.bool, device=text_mask.device)]
+        if geometry_features is not None:
+            tokens.append(self.geometry_projector(geometry_features))
+            masks.append(torch.ones(geometry_features.shape[:2], dtype=torch.bool, device=text_mask.device))
+        return torch.cat(tokens, dim=1), torch.cat(masks, dim=1)
+
+    # ----- forward --------------------------------------------------------------------------------------
+    def _patchify(self, latents: torch.Tensor) -> torch.Tensor:
+        return self.patch_embedding(latents).flatten(2).transpose(1, 2).contiguous()
+
+    def _unpatchify(self, tokens: torch.Tensor, latent_shape: tuple[int, ...]) -> torch.Tensor:
+        # Inverse of Wan's unpatchify: [B, N, pt*ph*pw*C] -> [B, C, T, H, W].
+        b = tokens.shape[0]
+        pt, ph, pw = self.config.patch_size
+        t, h, w = self._grid(latent_shape)
+        x = tokens.reshape(b, t, h, w, pt, ph, pw, -1).permute(0, 7, 1, 4, 2, 5, 3, 6)
+        return x.flatten(6, 7).flatten(4, 5).flatten(2, 3)
+
+    def _time_embeddings(self, sigma: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """Embeddings of the two noise levels per sample: history (0) and target/actions (sigma).
+
+        Returns:
+            ``temb [B, 2, D]`` and ``timestep_proj [B, 2, 6, D]``.
+        """
+        ce = self.condition_embedder
+        t = torch.stack([torch.zeros_like(sigma), sigma], dim=1).float() * self.config.timestep_scale  # [B, 2]
+        freq = ce.timesteps_proj(t.flatten())
+        embed_dtype = next(iter(ce.time_embedder.parameters())).dtype
+        temb = ce.time_embedder(freq.to(embed_dtype)).to(dtype)
+        proj = ce.time_proj(ce.act_fn(temb))
+        b = sigma.shape[0]
+        return temb.view(b, 2, -1), proj.view(b, 2, 6, -1)
+
+    def forward(
+        self, target_latents: torch.Tensor, actions: torch.Tensor, sigma: torch.Tensor, context: WNMContext
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Predicts velocities for the noisy target video latents and actions.
+
+        Args:
+            target_latents: ``[B, C, Tt', h, w]`` noisy target latents x_sigma.
+            actions: ``[B, 32, 4]`` noisy normalized actions x_sigma.
+            sigma: ``[B]`` noise level in [0, 1] shared by the sample's video and action tokens.
+            context: Encoded history latents and context tokens for the B samples.
+
+        Returns:
+            ``(v_video [B, C, Tt', h, w], v_action [B, 32, 4])``.
+        """
+        cfg = self.config
+        b = target_latents.shape[0]
+        if tuple(target_latents.shape[1:]) != cfg.target_latent_shape:
+            raise ValueError(
+                f"target_latents must be [B, {cfg.target_latent_shape}], got {tuple(target_latents.shape)}"
+            )
+        if tuple(context.history_latents.shape[1:]) != cfg.history_latent_shape:
+            raise ValueError(
+                f"context.history_latents must be [B, {cfg.history_latent_shape}], got "
+                f"{tuple(context.history_latents.shape)}"
+            )
+        if tuple(actions.shape) != (b, cfg.action_steps, cfg.action_channels):
+            raise ValueError(
+                f"actions must be [{b}, {cfg.action_steps}, {cfg.action_channels}], got {tuple(actions.shape)}"
+            )
+        if sigma.shape != (b,) or context.batch_size != b:
+            raise ValueError(
+                f"sigma must be [{b}] and context batch {b}; got {tuple(sigma.shape)}, {context.batch_size}"
+            )
+
+        dtype = self.patch_embedding.weight.dtype
+        x = torch.cat(
+            [
+                self._patchify(context.history_latents.to(dtype)),
+                self._patchify(target_latents.to(dtype)),
+                self.action_embedder(actions.to(dtype)),
+            ],
+            dim=1,
+        )
+        layout = self.sequence_layout()
+        nh = layout["history"].stop
+        groups = [nh, x.shape[1] - nh]  # clean history | noisy target + actions
+        temb, timestep_proj = self._time_embeddings(sigma, dtype)
+        rope = self.rotary_embedding(x.device)
+        ctx = context.encoder_tokens.to(dtype)
+        mask = context.encoder_mask
+        for block in self.blocks:
+            if torch.is_grad_enabled() and self.gradient_checkpointing:
+                x = torch.utils.checkpoint.checkpoint(
+                    block, x, ctx, timestep_proj, rope, mask, groups, use_reentrant=False
+                )
+            else:
+                x = block(x, ctx, timestep_proj, rope, mask, groups)
+
+        noisy_temb = temb[:, 1:2]  # [B, 1, D]
+        # Wan's output head on the target tokens (history outputs are not used).
+        shift, scale = (self.scale_shift_table + noisy_temb.float()).chunk(2, dim=1)
+        xt = x[:, layout["target"]]
+        xt = (self.norm_out(xt.float()) * (1 + scale) + shift).type_as(xt)
+        v_video = self._unpatchify(self.proj_out(xt), cfg.target_latent_shape)
+        # Our action head, same adaptive-norm form with its own table.
+        shift, scale = (self.action_scale_shift_table + noisy_temb.float()).chunk(2, dim=1)
+        xa = x[:, layout["action"]]
+        xa = (self.action_norm_out(xa.float()) * (1 + scale) + shift).type_as(xa)
+        v_action = self.action_proj_out(xa)
+        return v_video, v_action
+
+    # ----- Wan weights ----------------------------------------------------------------------------------
+    def wan_video_state_keys(self) -> list[str]:
+        return [k for k in self.state_dict() if is_wan_video_key(k)]
+
+    @torch.no_grad()
+    def load_wan_video_weights(self, state_dict: dict[str, torch.Tensor]) -> tuple[list[str], list[str]]:
+        """Initialises the video part from a diffusers ``WanTransformer3DModel`` state dict.
+
+        Args:
+            state_dict: Wan transformer tensors (e.g. read from its safetensors shards).
+
+        Returns:
+            ``(missing, unexpected)``: video-part keys the state dict lacks, and state-dict keys that have no
+            place in the video part (e.g. I2V image embedder or added-KV projections). Our action and projector
+            parameters are never reported: Wan has none.
+
+        Raises:
+            ValueError: A shared key has a different shape (names the tensor and both shapes).
+        """
+        own = self.state_dict()
+        video_keys = [k for k in own if is_wan_video_key(k)]
+        matched = {}
+        for k in video_keys:
+            if k in state_dict:
+                if tuple(state_dict[k].shape) != tuple(own[k].shape):
+                    raise ValueError(
+                        f"Wan weights: tensor {k!r} has shape {tuple(state_dict[k].shape)}, the WNM config "
+                        f"({self.config.size}) expects {tuple(own[k].shape)}"
+                    )
+                matched[k] = state_dict[k]
+        missing = [k for k in video_keys if k not in matched]
+        unexpected = sorted(k for k in state_dict if k not in matched)
+        self.load_state_dict(matched, strict=False)
+        return missing, unexpected
