@@ -235,14 +235,16 @@ def test_ode_mode_is_plain_euler_from_the_stratum_noise():
     got = torch.cat([res.video_latents.reshape(1, -1), res.actions_normalized.reshape(1, -1)], 1)[0]
     torch.testing.assert_close(got.double(), expected, rtol=1e-4, atol=1e-5)
     # The ODE ignores the branch: every branch of a stratum gives the same sample.
-    other = backend.generate([RolloutRequest(sample_id="p", stratum=2, branch=0, step=5, seed=11)],
-                             make_contexts([0]), ode=True)
+    other = backend.generate(
+        [RolloutRequest(sample_id="p", stratum=2, branch=0, step=5, seed=11)], make_contexts([0]), ode=True
+    )
     assert torch.equal(other.video_latents, res.video_latents)
 
 
 def test_independent_initial_noise_ablation_breaks_stratum_sharing():
-    sampler = SamplerConfig(num_steps=6, window_strategy="fixed", window_start=1, window_size=2,
-                            shared_initial_noise=False)
+    sampler = SamplerConfig(
+        num_steps=6, window_strategy="fixed", window_start=1, window_size=2, shared_initial_noise=False
+    )
     backend = make_backend(sampler)
     reqs = stratified_requests(["p"], run_seed=3, step=1, num_strata=1, num_branches=2)
     res = backend.generate(reqs, make_contexts([0]))

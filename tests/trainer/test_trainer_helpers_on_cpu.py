@@ -1,0 +1,115 @@
+"""Pure driver helpers: rank sharding, result merging, mini-batch groups, checkpoint pointer, config checks."""
+
+import dataclasses
+import json
+
+import pytest
+import torch
+
+from verl_omni.pipelines.wnm_shared.requests import stratified_requests
+from verl_omni.trainer import checkpointing
+from verl_omni.trainer.config import ConfigError, trainer_config_from_dict
+from verl_omni.trainer.rollout_batch import (
+    cat_dataclass_tensors,
+    minibatch_prompt_groups,
+    shard_requests,
+    split_balanced,
+    split_even,
+)
+
+
+def test_split_even_and_balanced():
+    assert split_even(8, 2) == [slice(0, 4), slice(4, 8)]
+    with pytest.raises(ValueError, match="equal parts"):
+        split_even(10, 4)
+    sizes = [s.stop - s.start for s in split_balanced(10, 4)]
+    assert sizes == [3, 3, 2, 2]
+
+
+def test_shard_requests_keeps_prompts_whole_per_rank_and_remaps_rows():
+    rows = ["row-a", "row-b", "row-c"]
+    reqs = stratified_requests(["a", "b", "c"], run_seed=1, step=2, num_strata=2, num_branches=2)  # 12 requests
+    shards = shard_requests(reqs, rows, 4)  # 3 requests per rank
+    # rank 0: a,a,a ; rank 1: a,b,b ; rank 2: b,b,c ; rank 3: c,c,c
+    assert [s["rows"] for s in shards] == [["row-a"], ["row-a", "row-b"], ["row-b", "row-c"], ["row-c"]]
+    assert [r.context_row for r in shards[1]["requests"]] == [0, 1, 1]
+    # Only context_row changes: the RNG keys (sample id, stratum, branch, step, seed) are untouched.
+    flat = [r for s in shards for r in s["requests"]]
+    assert [dataclasses.replace(r, context_row=0) for r in flat] == [
+        dataclasses.replace(r, context_row=0) for r in reqs
+    ]
+
+
+@dataclasses.dataclass
+class _Ctx:
+    a: torch.Tensor
+    b: torch.Tensor | None = None
+
+
+def test_cat_dataclass_tensors():
+    out = cat_dataclass_tensors([_Ctx(torch.zeros(1, 2)), _Ctx(torch.ones(2, 2))])
+    assert out.a.shape == (3, 2) and out.b is None
+
+
+def test_minibatch_groups_are_whole_prompts_deterministic_and_differ_by_epoch():
+    keys = [k for k in "abcdefgh" for _ in range(16)]
+    g0 = minibatch_prompt_groups(keys, 2, run_seed=7, step=3, epoch=0)
+    assert g0 == minibatch_prompt_groups(keys, 2, run_seed=7, step=3, epoch=0)
+    assert sorted(k for grp in g0 for k in grp) == list("abcdefgh") and all(len(g) == 2 for g in g0)
+    assert g0 != minibatch_prompt_groups(keys, 2, run_seed=7, step=3, epoch=1)
+    with pytest.raises(ValueError, match="mini-batches"):
+        minibatch_prompt_groups(keys, 3, 7, 3, 0)
+
+
+def test_checkpoint_pointer_is_written_last_and_partial_dirs_are_ignored(tmp_path):
+    assert checkpointing.latest_step(tmp_path) is None
+    part = checkpointing.begin(tmp_path, 2)
+    (part / "actor" / ".metadata").write_text("x")
+    # Killed before commit: the partial directory is not a checkpoint.
+    assert checkpointing.latest_step(tmp_path) is None
+    final = checkpointing.commit(tmp_path, 2, {"step": 2})
+    assert final.name == "global_step_2" and checkpointing.latest_step(tmp_path) == 2
+    assert json.loads((final / "trainer_state.json").read_text())["step"] == 2
+    # A pointer naming a checkpoint that was removed falls back to the newest complete one.
+    part = checkpointing.begin(tmp_path, 4)
+    (part / "actor" / ".metadata").write_text("x")
+    checkpointing.commit(tmp_path, 4, {"step": 4})
+    (tmp_path / "global_step_4" / "trainer_state.json").unlink()
+    assert checkpointing.latest_step(tmp_path) == 2
+    assert [p.name for p in checkpointing.prune(tmp_path, 1)] == []  # only one complete checkpoint left
+
+
+def _minimal(**over):
+    d = {
+        "model": {"initial_checkpoint": "/ckpt", "data_contract_checkpoint": "/ckpt"},
+        "data": {"train_root": "/data", "expected_train_size": 8},
+        "trainer": {"output_dir": "/out"},
+        "topology": {
+            "cpu_workers_per_node": 2,
+            "prompts_per_step": 2,
+            "ppo_mini_batch_prompts": 1,
+            "micro_batch_rollouts": 4,
+        },
+    }
+    for k, v in over.items():
+        d.setdefault(k, {}).update(v)
+    return d
+
+
+def test_config_validation_names_the_field():
+    cfg = trainer_config_from_dict(_minimal())
+    assert cfg.topology.world_size == 2 and cfg.rollout.rollouts_per_prompt == 16
+    with pytest.raises(ConfigError, match=r"unknown config field\(s\) \['rollout.nsteps'\]"):
+        trainer_config_from_dict(_minimal(rollout={"nsteps": 3}))
+    with pytest.raises(ConfigError, match="topology.micro_batch_rollouts"):
+        # 16 rollouts per mini-batch over 2 ranks = 8 per rank, not a multiple of 3
+        trainer_config_from_dict(_minimal(topology={"micro_batch_rollouts": 3}))
+    with pytest.raises(ConfigError, match="topology.prompts_per_step"):
+        # 16 x 1 rollouts cannot split over 3 ranks
+        trainer_config_from_dict(
+            _minimal(topology={"cpu_workers_per_node": 3, "prompts_per_step": 1, "ppo_mini_batch_prompts": 1})
+        )
+    with pytest.raises(ConfigError, match="algorithm.layer_weights"):
+        trainer_config_from_dict(_minimal(algorithm={"layer_weights": {"visual": 1.0}}))
+    with pytest.raises(ConfigError, match="rollout.window.range"):
+        trainer_config_from_dict(_minimal(rollout={"window": {"range": [0, 20]}}))

@@ -1,0 +1,1 @@
+"""Stage-III trainer: config schema, driver loop, checkpoints, logging."""

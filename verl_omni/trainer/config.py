@@ -1,0 +1,414 @@
+"""Typed, validated configuration of the Stage-III trainer.
+
+The recipe's Hydra YAML files (``recipes/wnm_3d/stage3/config``) compose into one tree with the sections
+below; :func:`trainer_config_from_dict` turns it into these dataclasses and validates every field, so a
+bad value fails before Ray starts, with the dotted field name in the message.
+
+Sections: ``model`` (checkpoints), ``data`` (Parquet roots, sizes), ``rollout`` (sampler, strata),
+``algorithm`` (advantages, loss, PPO), ``actor`` (optimizer, FSDP), ``reward`` (reward set and workers),
+``topology`` (world size and batch sizes), ``trainer`` (steps, intervals, output).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+LAYER_NAMES = ("visual", "nav_1", "nav_2", "nav_3", "nav_4", "stop_1", "stop_2", "stop_3", "stop_4")
+RECIPE_NAME = "wnm-3d-stage3-navigation-grpo-r1"
+
+
+class ConfigError(ValueError):
+    """A configuration field is missing or invalid; the message names the dotted field."""
+
+
+def _require(cond: bool, name: str, msg: str) -> None:
+    if not cond:
+        raise ConfigError(f"config field {name}: {msg}")
+
+
+@dataclass
+class ModelConfig:
+    """Checkpoints and model variant.
+
+    Attributes:
+        initial_checkpoint: Complete Stage-II WNM checkpoint the actor starts from.
+        data_contract_checkpoint: Checkpoint the data was converted with (contract must match).
+        source_root: External WNM-3D checkout (``WNM3D_SOURCE_ROOT``) or None for the built-in model.
+        variant: ``wnm_3d`` (geometry tokens) or ``wnm_2d``.
+    """
+
+    initial_checkpoint: str = ""
+    data_contract_checkpoint: str = ""
+    source_root: str | None = None
+    variant: str = "wnm_3d"
+
+    def validate(self, p: str = "model") -> None:
+        _require(bool(self.initial_checkpoint), f"{p}.initial_checkpoint", "is empty (set WNM3D_INITIAL_CHECKPOINT)")
+        _require(
+            bool(self.data_contract_checkpoint),
+            f"{p}.data_contract_checkpoint",
+            "is empty (set WAM_DATA_CONTRACT_CHECKPOINT)",
+        )
+        _require(
+            self.variant in ("wnm_3d", "wnm_2d"), f"{p}.variant", f"must be wnm_3d or wnm_2d, got {self.variant!r}"
+        )
+
+
+@dataclass
+class DataConfig:
+    """Training and validation data.
+
+    Attributes:
+        train_root: Directory with the sampled training Parquet and its manifest.json.
+        val_file: Event-balanced validation Parquet directory (or manifest) or empty to skip validation.
+        expected_train_size: Exact training row count the run was planned for.
+        val_max_samples: Validation rows evaluated at each validation.
+        seed: Seed of the per-epoch shuffling.
+    """
+
+    train_root: str = ""
+    val_file: str = ""
+    expected_train_size: int = 0
+    val_max_samples: int = 0
+    seed: int = 42
+
+    def validate(self, p: str = "data") -> None:
+        _require(bool(self.train_root), f"{p}.train_root", "is empty (set WAM_DATA_ROOT)")
+        _require(self.expected_train_size > 0, f"{p}.expected_train_size", "must be > 0 (WAM_EXPECTED_TRAIN_SIZE)")
+        _require(self.val_max_samples >= 0, f"{p}.val_max_samples", "must be >= 0 (WAM_VAL_MAX_SAMPLES)")
+
+
+@dataclass
+class WindowConfig:
+    """Which denoising steps are SDE steps that carry log-probs and gradients."""
+
+    strategy: str = "random"
+    size: int = 2
+    range: tuple[int, int] = (0, 4)
+    start: int = 0
+    progressive_interval: int = 1
+
+    def validate(self, p: str, num_steps: int) -> None:
+        _require(
+            self.strategy in ("fixed", "random", "progressive"),
+            f"{p}.strategy",
+            f"must be fixed, random or progressive, got {self.strategy!r}",
+        )
+        lo, hi = self.range
+        # The last step (to sigma 0) is always Euler: noise injected there would remain in the sample.
+        _require(
+            0 <= lo < hi <= num_steps - 1, f"{p}.range", f"must satisfy 0 <= lo < hi <= num_steps - 1 = {num_steps - 1}"
+        )
+        _require(1 <= self.size <= hi - lo, f"{p}.size", f"must be in [1, {hi - lo}] for range {self.range}")
+        if self.strategy == "fixed":
+            _require(lo <= self.start <= hi - self.size, f"{p}.start", f"must be in [{lo}, {hi - self.size}]")
+        _require(self.progressive_interval >= 1, f"{p}.progressive_interval", "must be >= 1")
+
+
+@dataclass
+class RolloutConfig:
+    """Counterfactual stratified sampling.
+
+    Attributes:
+        backend: ``native`` (in-process PyTorch) or ``vllm_omni``.
+        strata: Initial-noise strata per prompt; branches: SDE branches per stratum (16 = 4 x 4 locked).
+        num_steps: Denoising steps K; shift: sigma-schedule shift; eta: SDE noise level.
+        sde_type: ``dance`` (constant coefficient) or ``flow_grpo``.
+        shared_initial_noise: Branches of a stratum share x_0 (False only for the ablation).
+        micro_batch_size: Rollouts per forward pass on one rank.
+        dtype: ``auto`` (bf16 on GPU, fp32 on CPU), ``bfloat16`` or ``float32`` for the DiT.
+    """
+
+    backend: str = "native"
+    strata: int = 4
+    branches: int = 4
+    num_steps: int = 10
+    shift: float = 3.0
+    eta: float = 0.7
+    sde_type: str = "dance"
+    shared_initial_noise: bool = True
+    window: WindowConfig = field(default_factory=WindowConfig)
+    micro_batch_size: int = 16
+    dtype: str = "auto"
+
+    @property
+    def rollouts_per_prompt(self) -> int:
+        return self.strata * self.branches
+
+    def validate(self, p: str = "rollout") -> None:
+        _require(
+            self.backend in ("native", "vllm_omni"),
+            f"{p}.backend",
+            f"must be native or vllm_omni, got {self.backend!r}",
+        )
+        _require(self.strata >= 1 and self.branches >= 1, f"{p}.strata/branches", "must be >= 1")
+        _require(self.num_steps >= 2, f"{p}.num_steps", "must be >= 2")
+        _require(self.shift > 0 and math.isfinite(self.shift), f"{p}.shift", "must be a positive number")
+        _require(self.eta >= 0 and math.isfinite(self.eta), f"{p}.eta", "must be >= 0")
+        _require(
+            self.sde_type in ("dance", "flow_grpo"),
+            f"{p}.sde_type",
+            f"must be dance or flow_grpo, got {self.sde_type!r}",
+        )
+        _require(self.micro_batch_size >= 1, f"{p}.micro_batch_size", "must be >= 1")
+        _require(self.dtype in ("auto", "bfloat16", "float32"), f"{p}.dtype", "must be auto, bfloat16 or float32")
+        self.window.validate(f"{p}.window", self.num_steps)
+
+
+@dataclass
+class AlgorithmConfig:
+    """Layer-conditioned GRPO (DESIGN 6).
+
+    Attributes:
+        layers: Credit layers, in order (locked to the 9 layers).
+        layer_weights: Loss weight per layer.
+        baseline: ``stratum`` (mean over the rollout's counterfactual siblings) or ``prompt``.
+        std: ``prompt`` (over the prompt's rollouts) or ``global`` (over the batch).
+        layer_conditioned: False sums the layer rewards into one advantage (ablation).
+        adv_eps, adv_clip: Std epsilon and advantage clip A_max.
+        clip_eps: PPO ratio clip; kl_beta: KL weight against the initial policy (0 = off).
+        ppo_epochs: Passes over the step's rollouts.
+        recompute_old_logp: Recompute old log-probs with the pre-update weights instead of using the
+            rollout's (costs one extra forward per window step; useful when rollout and actor kernels differ).
+        max_nonfinite_updates: Stop the run after this many skipped updates with a NaN/inf loss or gradient.
+    """
+
+    layers: tuple[str, ...] = LAYER_NAMES
+    layer_weights: dict[str, float] = field(default_factory=lambda: {n: 1.0 for n in LAYER_NAMES})
+    baseline: str = "stratum"
+    std: str = "prompt"
+    layer_conditioned: bool = True
+    adv_eps: float = 1e-4
+    adv_clip: float = 5.0
+    clip_eps: float = 1e-4
+    kl_beta: float = 0.0
+    ppo_epochs: int = 1
+    recompute_old_logp: bool = False
+    max_nonfinite_updates: int = 3
+
+    def validate(self, p: str = "algorithm") -> None:
+        _require(tuple(self.layers) == LAYER_NAMES, f"{p}.layers", f"must be {list(LAYER_NAMES)}")
+        missing = [n for n in LAYER_NAMES if n not in self.layer_weights]
+        unknown = [n for n in self.layer_weights if n not in LAYER_NAMES]
+        _require(not missing and not unknown, f"{p}.layer_weights", f"missing {missing}, unknown {unknown}")
+        _require(
+            all(v >= 0 for v in self.layer_weights.values()) and sum(self.layer_weights.values()) > 0,
+            f"{p}.layer_weights",
+            "must be >= 0 with a positive sum",
+        )
+        _require(self.baseline in ("stratum", "prompt"), f"{p}.baseline", "must be stratum or prompt")
+        _require(self.std in ("prompt", "global"), f"{p}.std", "must be prompt or global")
+        _require(self.adv_eps > 0, f"{p}.adv_eps", "must be > 0")
+        _require(self.adv_clip > 0, f"{p}.adv_clip", "must be > 0")
+        _require(0 < self.clip_eps < 1, f"{p}.clip_eps", "must be in (0, 1)")
+        _require(self.kl_beta >= 0, f"{p}.kl_beta", "must be >= 0")
+        _require(self.ppo_epochs >= 1, f"{p}.ppo_epochs", "must be >= 1")
+        _require(self.max_nonfinite_updates >= 1, f"{p}.max_nonfinite_updates", "must be >= 1")
+
+
+@dataclass
+class ActorConfig:
+    """Optimizer and FSDP2 settings of the trainable DiT."""
+
+    lr: float = 1e-5
+    betas: tuple[float, float] = (0.9, 0.999)
+    weight_decay: float = 0.0
+    grad_clip: float = 1.0
+    lr_warmup_steps: int = 0
+    lr_schedule: str = "constant"
+    min_lr_ratio: float = 0.0
+    param_offload: bool = False
+    optimizer_offload: bool = False
+    reshard_after_forward: bool = True
+    gradient_checkpointing: bool = False
+
+    def validate(self, p: str = "actor") -> None:
+        _require(self.lr > 0, f"{p}.lr", "must be > 0")
+        _require(self.grad_clip > 0, f"{p}.grad_clip", "must be > 0")
+        _require(self.lr_warmup_steps >= 0, f"{p}.lr_warmup_steps", "must be >= 0")
+        _require(self.lr_schedule in ("constant", "cosine"), f"{p}.lr_schedule", "must be constant or cosine")
+        _require(0 <= self.min_lr_ratio <= 1, f"{p}.min_lr_ratio", "must be in [0, 1]")
+
+
+@dataclass
+class RewardConfig:
+    """Reward workers and the reward set (passed to ``verl_omni.utils.reward_score.build_reward_set``)."""
+
+    num_workers: int = 1
+    reward_set: dict[str, Any] = field(default_factory=dict)
+
+    def validate(self, p: str = "reward") -> None:
+        _require(self.num_workers >= 1, f"{p}.num_workers", "must be >= 1")
+
+
+@dataclass
+class TopologyConfig:
+    """World size and batch sizes; see ``verl_omni.trainer.topology`` for how they are derived.
+
+    Attributes:
+        nnodes, gpus_per_node: GPU topology; ``gpus_per_node == 0`` means CPU workers.
+        cpu_workers_per_node: Actor processes per node when running on CPU.
+        prompts_per_step: Prompt batch P (16 P rollouts per step).
+        ppo_mini_batch_prompts: Prompts per optimizer step.
+        micro_batch_rollouts: Rollouts per forward/backward on one rank.
+    """
+
+    nnodes: int = 1
+    gpus_per_node: int = 0
+    cpu_workers_per_node: int = 2
+    prompts_per_step: int = 2
+    ppo_mini_batch_prompts: int = 2
+    micro_batch_rollouts: int = 4
+
+    @property
+    def world_size(self) -> int:
+        return self.nnodes * (self.gpus_per_node if self.gpus_per_node > 0 else self.cpu_workers_per_node)
+
+    @property
+    def use_gpu(self) -> bool:
+        return self.gpus_per_node > 0
+
+    def validate(self, rollouts_per_prompt: int, p: str = "topology") -> None:
+        _require(self.nnodes >= 1, f"{p}.nnodes", "must be >= 1")
+        _require(self.gpus_per_node >= 0, f"{p}.gpus_per_node", "must be >= 0")
+        _require(self.gpus_per_node > 0 or self.cpu_workers_per_node >= 1, f"{p}.cpu_workers_per_node", "must be >= 1")
+        g = self.world_size
+        n = rollouts_per_prompt
+        _require(self.prompts_per_step >= 1, f"{p}.prompts_per_step", "must be >= 1")
+        _require(
+            1 <= self.ppo_mini_batch_prompts <= self.prompts_per_step
+            and self.prompts_per_step % self.ppo_mini_batch_prompts == 0,
+            f"{p}.ppo_mini_batch_prompts",
+            f"must divide prompts_per_step={self.prompts_per_step}",
+        )
+        _require(
+            (n * self.prompts_per_step) % g == 0,
+            f"{p}.prompts_per_step",
+            f"{n} x {self.prompts_per_step} rollouts do not divide by world size {g}",
+        )
+        per_rank = n * self.ppo_mini_batch_prompts // g if (n * self.ppo_mini_batch_prompts) % g == 0 else None
+        _require(
+            per_rank is not None,
+            f"{p}.ppo_mini_batch_prompts",
+            f"{n} x {self.ppo_mini_batch_prompts} rollouts per mini-batch do not divide by world size {g}",
+        )
+        _require(
+            self.micro_batch_rollouts >= 1 and per_rank % self.micro_batch_rollouts == 0,
+            f"{p}.micro_batch_rollouts",
+            f"each rank gets {per_rank} rollouts per mini-batch, not a multiple of {self.micro_batch_rollouts}",
+        )
+
+
+@dataclass
+class TrainerConfig:
+    """Run length, intervals and outputs."""
+
+    total_steps: int = 2
+    save_freq: int = 1
+    val_freq: int = 0
+    log_media_freq: int = 0
+    output_dir: str = ""
+    seed: int = 1234
+    resume: str = "auto"
+    experiment_name: str = "stage3"
+    deterministic: bool = True
+    max_checkpoints_to_keep: int = 0
+
+    def validate(self, p: str = "trainer") -> None:
+        _require(self.total_steps >= 1, f"{p}.total_steps", "must be >= 1 (WAM_TOTAL_STEPS)")
+        _require(self.save_freq >= 0, f"{p}.save_freq", "must be >= 0 (0 = only at the end)")
+        _require(self.val_freq >= 0, f"{p}.val_freq", "must be >= 0 (0 = never)")
+        _require(self.log_media_freq >= 0, f"{p}.log_media_freq", "must be >= 0 (0 = never)")
+        _require(bool(self.output_dir), f"{p}.output_dir", "is empty (set WAM_OUTPUT_DIR)")
+        _require(self.resume in ("auto", "never"), f"{p}.resume", "must be auto or never")
+        _require(self.max_checkpoints_to_keep >= 0, f"{p}.max_checkpoints_to_keep", "must be >= 0 (0 keeps all)")
+
+
+@dataclass
+class Stage3Config:
+    """The whole trainer configuration."""
+
+    recipe: str = RECIPE_NAME
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    actor: ActorConfig = field(default_factory=ActorConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    topology: TopologyConfig = field(default_factory=TopologyConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+
+    def validate(self) -> Stage3Config:
+        self.model.validate()
+        self.data.validate()
+        self.rollout.validate()
+        self.algorithm.validate()
+        self.actor.validate()
+        self.reward.validate()
+        self.topology.validate(self.rollout.rollouts_per_prompt)
+        self.trainer.validate()
+        return self
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def _build(cls, data: Any, path: str):
+    """Recursively builds dataclass ``cls`` from a plain dict, rejecting unknown keys by dotted name."""
+    if not dataclasses.is_dataclass(cls):
+        return data
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"config field {path or '<root>'}: expected a mapping, got {type(data).__name__}")
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - set(fields))
+    if unknown:
+        where = f"{path}." if path else ""
+        raise ConfigError(f"unknown config field(s) {[where + u for u in unknown]}; known: {sorted(fields)}")
+    kwargs = {}
+    for name, f in fields.items():
+        if name not in data:
+            continue
+        sub = f"{path}.{name}" if path else name
+        value = data[name]
+        ftype = f.type if not isinstance(f.type, str) else _resolve_type(cls, name)
+        if dataclasses.is_dataclass(ftype):
+            value = _build(ftype, value, sub)
+        elif isinstance(value, list) and _default_is_tuple(f):
+            value = tuple(value)
+        kwargs[name] = value
+    try:
+        return cls(**kwargs)
+    except TypeError as e:
+        raise ConfigError(f"config section {path or '<root>'}: {e}") from e
+
+
+def _default_is_tuple(f: dataclasses.Field) -> bool:
+    if f.default is not dataclasses.MISSING:
+        return isinstance(f.default, tuple)
+    if f.default_factory is not dataclasses.MISSING:  # type: ignore[misc]
+        return isinstance(f.default_factory(), tuple)  # type: ignore[misc]
+    return False
+
+
+def _resolve_type(cls, name: str):
+    import typing
+
+    return typing.get_type_hints(cls)[name]
+
+
+def trainer_config_from_dict(data: dict) -> Stage3Config:
+    """Builds and validates a :class:`Stage3Config` from a plain (resolved) dict."""
+    cfg = _build(Stage3Config, dict(data), "")
+    return cfg.validate()
+
+
+def trainer_config_from_omegaconf(cfg) -> Stage3Config:
+    """Builds and validates from an OmegaConf/Hydra config (interpolations resolved first)."""
+    from omegaconf import OmegaConf
+
+    return trainer_config_from_dict(OmegaConf.to_container(cfg, resolve=True))

@@ -1,0 +1,1 @@
+"""Ray workers: FSDP2 actor with colocated rollout, reward workers."""
