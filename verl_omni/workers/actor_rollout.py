@@ -335,7 +335,6 @@ class ActorRolloutWorker(Worker):
             "version": self.version,
             "nonfinite_updates": self.nonfinite_updates,
             "torch_rng": torch.get_rng_state(),
-            "numpy_rng": np.random.get_state(),
             "cuda_rng": torch.cuda.get_rng_state() if self.spec.kind == "cuda" else None,
         }
         torch.save(extra, actor_dir / f"extra_state_rank_{self.rank}.pt")
@@ -366,7 +365,6 @@ class ActorRolloutWorker(Worker):
         self.backend._version = self.version
         self.nonfinite_updates = int(extra["nonfinite_updates"])
         torch.set_rng_state(extra["torch_rng"])
-        np.random.set_state(extra["numpy_rng"])
         if extra.get("cuda_rng") is not None and self.spec.kind == "cuda":
             torch.cuda.set_rng_state(extra["cuda_rng"])
         return {"version": self.version}
