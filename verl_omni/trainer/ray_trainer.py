@@ -104,13 +104,16 @@ class Stage3Trainer:
 
         if ray.is_initialized():
             return
+        from verl_omni.trainer.control import DEFAULT_NAMESPACE
+
+        self.namespace = os.environ.get("WAM_RAY_NAMESPACE", DEFAULT_NAMESPACE)
         address = os.environ.get("RAY_ADDRESS")
         if address:
-            ray.init(address=address, include_dashboard=False, log_to_driver=True)
+            ray.init(address=address, namespace=self.namespace, include_dashboard=False, log_to_driver=True)
         else:
             # Our own temp dir: never touches a Ray runtime someone else runs on this machine. Short path
             # because Ray's socket paths must fit in 107 bytes.
-            self._ray_tmp = tempfile.mkdtemp(prefix="wnm_ray_", dir="/tmp")
+            self._ray_tmp = os.environ.get("WAM_RAY_TMPDIR") or tempfile.mkdtemp(prefix="wnm_ray_", dir="/tmp")
             cpus = max(os.cpu_count() or 2, self.cfg.topology.world_size + self.cfg.reward.num_workers)
             ray.init(
                 num_cpus=cpus,
@@ -158,6 +161,77 @@ class Stage3Trainer:
         )
         info = self.actor_wg.init_model()
         self._log(f"actor ranks: {info}")
+        self._start_control(int(info[0]["trainable_params"]))
+
+    def _start_control(self, trainable_params: int) -> None:
+        """Creates the named control actor that hot-save tools talk to (one per namespace)."""
+        import socket
+
+        import ray
+
+        from verl_omni.trainer.control import CONTROL_NAME, RunControl
+
+        try:
+            ray.get_actor(CONTROL_NAME, namespace=self.namespace)
+            taken = True
+        except ValueError:  # no such actor: the namespace is ours
+            taken = False
+        if taken:
+            raise ConfigError(
+                f"another Stage-III run already owns Ray namespace {self.namespace!r}; set "
+                f"WAM_RAY_NAMESPACE to a different name for this run"
+            )
+        facts = {
+            "driver_pid": os.getpid(),
+            "driver_host": socket.gethostname(),
+            "output_dir": str(self.out.resolve()),
+            "world_size": self.cfg.topology.world_size,
+            "step": 0,
+            # fp32 parameters + two AdamW moments, plus a little for metadata and RNG states.
+            "expected_snapshot_bytes": int(trainable_params * 4 * 3 * 1.05 + 1e6),
+            "namespace": self.namespace,
+        }
+        self.control = (
+            ray.remote(RunControl).options(name=CONTROL_NAME, namespace=self.namespace, num_cpus=0).remote(facts)
+        )
+        ray.get(self.control.info.remote())
+
+    def _serve_snapshot_requests(self, step: int) -> None:
+        """Writes every queued hot-save snapshot now, at the step boundary."""
+        import ray
+
+        ray.get(self.control.update_info.remote(step=step))
+        for req in ray.get(self.control.pop_requests.remote()):
+            dest = Path(req["destination"])
+            t0 = time.perf_counter()
+            try:
+                if dest.exists():
+                    raise FileExistsError(f"{dest} already exists; choose a new destination")
+                part = dest.with_name(dest.name + ".partial")
+                if part.exists():
+                    import shutil
+
+                    shutil.rmtree(part)
+                (part / "actor").mkdir(parents=True)
+                self._call("hot_save", self.actor_wg.save_checkpoint, str(part / "actor"), self._contract())
+                state = {
+                    "step": step,
+                    "data_position": self.sampler.state_dict(),
+                    "hot_save": True,
+                    "config": self.snapshot,
+                    "recipe": self.cfg.recipe,
+                    "time": time.time(),
+                }
+                checkpointing.atomic_write_text(
+                    part / checkpointing.TRAINER_STATE, json.dumps(state, indent=2, sort_keys=True) + "\n"
+                )
+                part.rename(dest)
+                result = {"state": "done", "path": str(dest), "step": step, "seconds": time.perf_counter() - t0}
+                self._log(f"hot-save snapshot of step {step} written to {dest}")
+            except (OSError, WorkerFailure) as e:
+                result = {"state": "failed", "error": f"{type(e).__name__}: {e}", "step": step}
+                self._log(f"hot-save snapshot to {dest} failed: {e}")
+            ray.get(self.control.complete.remote(req["id"], result))
 
     # ------------------------------------------------------------------------------------------ helpers
     def _contract(self) -> dict:
@@ -410,6 +484,7 @@ class Stage3Trainer:
                 is_last = step == cfg.trainer.total_steps
                 if (cfg.trainer.save_freq and step % cfg.trainer.save_freq == 0) or is_last:
                     self._save(step, last)
+                self._serve_snapshot_requests(step)
             logger.close()
             self._print_timing_table()
             return last

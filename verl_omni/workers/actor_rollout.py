@@ -172,7 +172,7 @@ class ActorRolloutWorker(Worker):
             "device": str(device),
             "backend": self.spec.backend,
             "dit_dtype": str(self.spec.dit_dtype),
-            "trainable_params_local": int(n_params),
+            "trainable_params": int(n_params),
         }
 
     # ------------------------------------------------------------------------------------------- rollout
