@@ -31,9 +31,18 @@ def run_cli(args: list[str], timeout: int = 600, env: dict | None = None) -> sub
 
 
 def build_workspace(
-    root: Path, *, scenes: int = 3, episodes: int = 4, seed: int = 3, train_size: int = TRAIN_SIZE, sft_steps: int = 0
+    root: Path,
+    *,
+    scenes: int = 3,
+    episodes: int = 4,
+    seed: int = 3,
+    train_size: int = TRAIN_SIZE,
+    sft_steps: int = 0,
+    size: str = "tiny",
+    image_size: int = 64,
+    workers: int = 1,
 ) -> dict:
-    """Synthesized collection + tiny checkpoint + converted/sampled/event-val data under ``root``."""
+    """Synthesized collection + a ``size`` checkpoint + converted/sampled/event-val data under ``root``."""
     ws = {k: root / k for k in ("collection", "scenes", "ckpt", "converted", "train", "eventval")}
     run_cli(
         [
@@ -48,11 +57,13 @@ def build_workspace(
             str(episodes),
             "--seed",
             str(seed),
+            "--image-size",
+            str(image_size),
             "--workers",
-            "1",
+            str(workers),
         ]
     )
-    ckpt_args = ["tools/checkpoint/make_tiny_wnm_checkpoint.py", "--output-dir", str(ws["ckpt"])]
+    ckpt_args = ["tools/checkpoint/make_tiny_wnm_checkpoint.py", "--output-dir", str(ws["ckpt"]), "--size", size]
     if sft_steps:
         ckpt_args += ["--collection", str(ws["collection"]), "--sft-steps", str(sft_steps)]
     run_cli(ckpt_args)

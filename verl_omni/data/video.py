@@ -112,12 +112,68 @@ def _open(path: Path):
     return container
 
 
+def _have_pyav() -> bool:
+    try:
+        import av  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def _cv2_capture(path: Path):
+    """OpenCV capture, used only where PyAV is not installed (e.g. GPU images that ship OpenCV).
+
+    Both libraries decode through FFmpeg; PyAV stays the default because it exposes timestamps and exact
+    keyframe seeks. OpenCV's seek (``CAP_PROP_POS_FRAMES``) is frame-accurate for the constant-rate H.264
+    files ``write_video`` produces.
+    """
+    import cv2
+
+    if not path.is_file():
+        raise VideoError(f"{path}: video file not found")
+    cap = cv2.VideoCapture(str(path))
+    if not cap.isOpened():
+        raise VideoError(f"{path}: cannot open video (OpenCV)")
+    return cap
+
+
+def _read_frames_cv2(path: Path, idx: np.ndarray) -> np.ndarray:
+    import cv2
+
+    cap = _cv2_capture(path)
+    try:
+        n = int(cap.get(cv2.CAP_PROP_FRAME_COUNT))
+        got: dict[int, np.ndarray] = {}
+        pos = -1
+        for target in np.unique(idx).tolist():
+            if target < 0 or target >= n:
+                raise VideoError(f"{path}: frame index {target} outside [0, {n})")
+            if target != pos + 1:
+                cap.set(cv2.CAP_PROP_POS_FRAMES, target)
+            ok, frame = cap.read()
+            if not ok:
+                raise VideoError(f"{path}: cannot decode frame {target} (OpenCV)")
+            got[target] = cv2.cvtColor(frame, cv2.COLOR_BGR2RGB)
+            pos = target
+    finally:
+        cap.release()
+    return np.stack([got[int(i)] for i in idx])
+
+
 def count_frames(path: str | Path) -> int:
     """Number of frames in the first video stream.
 
     Uses the container's frame count when the header has one; otherwise counts demuxed packets (no
     decoding).
     """
+    if not _have_pyav():
+        import cv2
+
+        cap = _cv2_capture(Path(path))
+        try:
+            return int(cap.get(cv2.CAP_PROP_FRAME_COUNT))
+        finally:
+            cap.release()
     import av
 
     path = Path(path)
@@ -154,10 +210,12 @@ def read_frames(
     Raises:
         VideoError: missing/unreadable file, or an index outside ``[0, count)``.
     """
-    import av
-
     path = Path(path)
     idx = np.asarray(indices, dtype=np.int64).reshape(-1)
+    if not _have_pyav() and idx.size:
+        return _read_frames_cv2(path, idx)
+    import av
+
     with _open(path) as container:
         stream = container.streams.video[0]
         stream.thread_type = "SLICE"
