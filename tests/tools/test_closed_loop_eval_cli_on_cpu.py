@@ -1,0 +1,106 @@
+"""tools/eval/closed_loop_eval.py end to end on the real tiny checkpoint (make_tiny_wnm_checkpoint, no SFT)."""
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+from PIL import Image
+
+REPO = Path(__file__).resolve().parents[2]
+FAST = ["--episodes", "2", "--max-steps", "8", "--num-steps", "2", "--seed", "4", "--no-progress"]
+
+
+def _load_tool(rel: str, name: str):
+    spec = importlib.util.spec_from_file_location(name, REPO / rel)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.fixture(scope="module")
+def tool():
+    return _load_tool("tools/eval/closed_loop_eval.py", "closed_loop_eval")
+
+
+@pytest.fixture(scope="module")
+def tiny_checkpoint(tmp_path_factory):
+    maker = _load_tool("tools/checkpoint/make_tiny_wnm_checkpoint.py", "make_tiny_wnm_checkpoint")
+    out = tmp_path_factory.mktemp("ckpt") / "tiny"
+    assert maker.main(["--output-dir", str(out), "--no-progress"]) == 0
+    return out
+
+
+@pytest.fixture(scope="module")
+def compared(tool, tiny_checkpoint, tmp_path_factory):
+    """The checkpoint compared with itself on one synthesized held-out scene."""
+    out = tmp_path_factory.mktemp("eval") / "run"
+    args = ["--checkpoint", str(tiny_checkpoint), "--compare", str(tiny_checkpoint), "--synthesize", "1", *FAST]
+    assert tool.main([*args, "--output-dir", str(out)]) == 0
+    return out
+
+
+def test_compare_writes_report_plot_and_scenes(compared, capsys):
+    report = json.loads((compared / "report.json").read_text())
+    assert report["format"] == "wnm-closed-loop-eval/1"
+    assert [e["episode_id"] for e in report["episodes"]] == ["h0000_ev000", "h0000_ev001"]
+    runs = report["runs"]
+    assert set(runs) == {"checkpoint", "compare"}
+    for run in runs.values():
+        agg = run["aggregate"]
+        assert agg["episodes"] == 2
+        for name in ("success", "oracle_success", "spl", "ne", "collisions", "collided"):
+            assert {"mean", "low", "high", "method"} <= set(agg[name])
+        for ep in run["episodes"]:
+            assert ep["end_reason"] in ("stop", "max_steps", "collision")
+            assert len(ep["poses"]) == ep["steps"] + 1 and len(ep["actions"]) == ep["steps"]
+            assert ep["steps"] <= 8
+    # The same checkpoint on the same episodes and noise seeds behaves identically.
+    assert runs["checkpoint"]["episodes"] == runs["compare"]["episodes"]
+    cmp = report["comparison"]
+    assert cmp["contract_compatible"] and cmp["same_initial_noise"]
+    assert all(cmp["paired_differences"][m]["mean"] == 0.0 for m in ("success", "spl", "ne", "collisions"))
+    with Image.open(compared / "trajectories.png") as im:
+        assert im.format == "PNG" and im.size[0] > 300 and im.size[1] > 300
+    assert (compared / "scenes" / "h0000" / "occupancy.png").is_file()
+    assert (compared / "scenes" / "h0000" / "semantics.json").is_file()
+    assert sorted(p.name for p in compared.iterdir()) == ["report.json", "scenes", "trajectories.png"]
+
+
+def test_saved_scenes_reproduce_the_episodes(tool, tiny_checkpoint, compared, tmp_path, capsys):
+    out = tmp_path / "again"
+    # Episode k depends only on (scenes, seed, k): one episode reproduces the first of the earlier run.
+    args = ["--checkpoint", str(tiny_checkpoint), "--scenes", str(compared / "scenes"), *FAST, "--episodes", "1"]
+    assert tool.main([*args, "--output-dir", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "SR" in printed and "SPL" in printed and "NE (m)" in printed and "report.json" in printed
+    first = json.loads((compared / "report.json").read_text())
+    second = json.loads((out / "report.json").read_text())
+    assert second["episodes"] == first["episodes"][:1]
+    assert second["runs"]["checkpoint"]["episodes"] == first["runs"]["checkpoint"]["episodes"][:1]
+    assert second["comparison"] is None
+
+
+def test_refuses_to_overwrite(tool, tiny_checkpoint, compared, capsys):
+    before = {p.name: p.read_bytes() for p in compared.iterdir() if p.is_file()}
+    args = ["--checkpoint", str(tiny_checkpoint), "--synthesize", "1", *FAST, "--output-dir", str(compared)]
+    from verl_omni.data.cli_common import run_cli
+
+    assert run_cli(tool.main, args) == 2
+    assert "already exist" in capsys.readouterr().err
+    assert {p.name: p.read_bytes() for p in compared.iterdir() if p.is_file()} == before
+
+
+def test_bad_inputs_exit_non_zero(tool, tiny_checkpoint, tmp_path, capsys):
+    from verl_omni.data.cli_common import run_cli
+
+    base = ["--output-dir", str(tmp_path / "o"), "--no-progress"]
+    assert run_cli(tool.main, ["--checkpoint", str(tiny_checkpoint), *base]) == 2
+    assert "--synthesize" in capsys.readouterr().err
+    assert run_cli(tool.main, ["--checkpoint", str(tmp_path / "missing"), "--synthesize", "1", *base]) == 2
+    assert "not a WNM checkpoint" in capsys.readouterr().err
+    assert run_cli(tool.main, ["--checkpoint", str(tiny_checkpoint), "--scenes", str(tmp_path), *base]) == 2
+    assert "neither a scene" in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()
+    with pytest.raises(SystemExit):
+        tool.main(["--checkpoint", str(tiny_checkpoint), "--episodes", "0", *base])

@@ -1,0 +1,139 @@
+"""Closed-loop navigation metrics and their 95% confidence intervals (pure functions).
+
+Per episode (computed by :mod:`verl_omni.sim.closed_loop`):
+
+* ``success`` (SR): the policy issued STOP with the geodesic distance to the goal at most the success radius;
+* ``oracle_success`` (OSR): some visited pose (the start included) was within the success radius;
+* ``spl``: success weighted by path length, ``S * l / max(p, l)`` with ``l`` the geodesic start-goal distance
+  and ``p`` the length the robot actually travelled;
+* ``ne``: navigation error, the geodesic distance to the goal where the episode ended (metres);
+* ``collisions``: action steps whose swept footprint hit occupied space; ``collided``: at least one.
+
+Aggregates: proportions get Wilson score intervals (``scipy.stats.binomtest``), means get Student-t intervals
+(``scipy.stats.t``). Comparisons of two policies on the same episodes use the per-episode paired differences
+``B - A`` with a Student-t interval on their mean.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+
+PROPORTION_METRICS: tuple[str, ...] = ("success", "oracle_success", "collided")
+MEAN_METRICS: tuple[str, ...] = ("spl", "ne", "collisions", "path_length", "steps")
+METRIC_LABELS: dict[str, str] = {
+    "success": "SR",
+    "oracle_success": "OSR",
+    "spl": "SPL",
+    "ne": "NE (m)",
+    "collisions": "collisions/ep",
+    "collided": "episodes w/ collision",
+    "path_length": "path length (m)",
+    "steps": "steps",
+}
+
+
+def spl(success: bool, shortest_path_m: float, path_length_m: float) -> float:
+    """Success weighted by (normalized inverse) path length of one episode.
+
+    Args:
+        success: Whether the episode succeeded.
+        shortest_path_m: Geodesic start-goal distance ``l`` (> 0).
+        path_length_m: Length ``p`` the robot travelled (>= 0).
+
+    Returns:
+        ``l / max(p, l)`` when successful, else 0.
+    """
+    if not shortest_path_m > 0 or not path_length_m >= 0:
+        raise ValueError(
+            f"spl: needs shortest_path_m > 0 and path_length_m >= 0, got {shortest_path_m}, {path_length_m}"
+        )
+    return float(shortest_path_m / max(path_length_m, shortest_path_m)) if success else 0.0
+
+
+def wilson_interval(successes: int, n: int, confidence: float = 0.95) -> tuple[float, float]:
+    """Wilson score interval of a binomial proportion (no continuity correction)."""
+    from scipy.stats import binomtest
+
+    if n < 1 or not 0 <= successes <= n:
+        raise ValueError(f"wilson_interval: needs 0 <= successes <= n and n >= 1, got {successes}/{n}")
+    ci = binomtest(int(successes), int(n)).proportion_ci(confidence_level=confidence, method="wilson")
+    return float(ci.low), float(ci.high)
+
+
+def mean_interval(values: Sequence[float], confidence: float = 0.95) -> tuple[float, float | None, float | None]:
+    """Mean and Student-t interval of the mean.
+
+    Returns:
+        ``(mean, low, high)``; the bounds are None for a single value (no spread to estimate) and equal the
+        mean when every value is the same.
+    """
+    from scipy.stats import t
+
+    x = np.asarray(values, np.float64)
+    if x.size == 0 or not np.isfinite(x).all():
+        raise ValueError(f"mean_interval: needs a non-empty array of finite values, got {x.tolist()}")
+    mean = float(x.mean())
+    if x.size == 1:
+        return mean, None, None
+    sem = float(x.std(ddof=1) / math.sqrt(x.size))
+    if sem == 0.0:  # scipy returns nan for a zero scale; the interval degenerates to the point
+        return mean, mean, mean
+    low, high = t.interval(confidence, x.size - 1, loc=mean, scale=sem)
+    return mean, float(low), float(high)
+
+
+def aggregate(episodes: Sequence[Mapping[str, float]], confidence: float = 0.95) -> dict:
+    """Aggregates per-episode metrics.
+
+    Args:
+        episodes: One mapping per episode with every name of :data:`PROPORTION_METRICS` (bool) and
+            :data:`MEAN_METRICS` (number).
+        confidence: Interval confidence level.
+
+    Returns:
+        ``{"episodes": n, "confidence": c, <metric>: {"mean", "low", "high", "method"} ...}``; proportions
+        also carry ``"count"``.
+    """
+    n = len(episodes)
+    if n == 0:
+        raise ValueError("aggregate: no episodes")
+    out: dict = {"episodes": n, "confidence": confidence}
+    for name in PROPORTION_METRICS:
+        k = sum(bool(e[name]) for e in episodes)
+        low, high = wilson_interval(k, n, confidence)
+        out[name] = {"mean": k / n, "low": low, "high": high, "count": k, "method": "wilson"}
+    for name in MEAN_METRICS:
+        mean, low, high = mean_interval([float(e[name]) for e in episodes], confidence)
+        out[name] = {"mean": mean, "low": low, "high": high, "method": "student-t"}
+    return out
+
+
+def paired_differences(
+    a: Sequence[Mapping[str, float]], b: Sequence[Mapping[str, float]], confidence: float = 0.95
+) -> dict:
+    """Per-metric mean of the paired differences ``b - a`` over the same episodes, with a Student-t interval.
+
+    Raises:
+        ValueError: the two lists do not hold the same episodes in the same order.
+    """
+    ids_a = [e["episode_id"] for e in a]
+    ids_b = [e["episode_id"] for e in b]
+    if ids_a != ids_b:
+        raise ValueError("paired_differences: both runs must cover the same episodes in the same order")
+    out: dict = {"episodes": len(a), "confidence": confidence, "direction": "compare - checkpoint"}
+    for name in PROPORTION_METRICS + MEAN_METRICS:
+        diff = [float(eb[name]) - float(ea[name]) for ea, eb in zip(a, b, strict=True)]
+        mean, low, high = mean_interval(diff, confidence)
+        out[name] = {"mean": mean, "low": low, "high": high, "method": "paired student-t"}
+    return out
+
+
+def format_estimate(entry: Mapping, digits: int = 3) -> str:
+    """``mean [low, high]`` (or ``mean`` alone when the interval is undefined)."""
+    m = f"{entry['mean']:.{digits}f}"
+    if entry.get("low") is None:
+        return m
+    return f"{m} [{entry['low']:.{digits}f}, {entry['high']:.{digits}f}]"
