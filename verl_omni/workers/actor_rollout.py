@@ -347,14 +347,22 @@ class ActorRolloutWorker(Worker):
     def load_checkpoint(self, actor_dir: str) -> dict:
         """Restores model, optimizer, scheduler, RNG and weight version from ``actor_dir``."""
         import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
         from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
         actor_dir = Path(actor_dir)
         model_sd, optim_sd = get_state_dict(self.model.transformer, self.optimizer)
-        state = {"model": model_sd, "optimizer": optim_sd}
-        dcp.load(state, checkpoint_id=str(actor_dir))
+        # Model weights must all be present. Optimizer state may lack entries for parameters that never
+        # received a gradient (the context projectors run under no-grad in encode_context, so AdamW never
+        # created their state); a fresh optimizer lists them, hence a partial load for that part only.
+        dcp.load({"model": model_sd}, checkpoint_id=str(actor_dir))
+        optim_state = {"optimizer": optim_sd}
+        dcp.load(optim_state, checkpoint_id=str(actor_dir), planner=DefaultLoadPlanner(allow_partial_load=True))
         set_state_dict(
-            self.model.transformer, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"]
+            self.model.transformer,
+            self.optimizer,
+            model_state_dict=model_sd,
+            optim_state_dict=optim_state["optimizer"],
         )
         extra_path = actor_dir / f"extra_state_rank_{self.rank}.pt"
         if not extra_path.is_file():
