@@ -115,12 +115,18 @@ def _kill_everything(proc: subprocess.Popen, ray_tmp: str) -> None:
 
 @pytest.mark.timeout(1500)
 def test_kill_and_resume_matches_uninterrupted_run(stage3_workspace, tmp_path):
+    # Smallest plan that still exercises everything: 1 prompt (16 rollouts over 2 ranks), 3 denoising steps.
     over = {
         "trainer.total_steps": 4,
         "trainer.save_freq": 1,
         "trainer.val_freq": 0,
         "trainer.log_media_freq": 0,
-        "algorithm.ppo_epochs": 1,
+        "topology.prompts_per_step": 1,
+        "topology.ppo_mini_batch_prompts": 1,
+        "topology.micro_batch_rollouts": 8,
+        "rollout.num_steps": 3,
+        "rollout.window.range": [0, 2],
+        "rollout.window.size": 1,
     }
     full_cfg = tmp_path / "full"
     write_trainer_config(full_cfg / "run.yaml", stage3_workspace, tmp_path / "full_out", **over)

@@ -1,0 +1,106 @@
+"""Pure parts of the contract check: flattening, locked-constant comparison, variable parsing, environment."""
+
+from __future__ import annotations
+
+import copy
+
+from verl_omni.trainer.contract_check import (
+    LOCKED_CONSTANTS,
+    Report,
+    check_environment,
+    flatten,
+    locked_constant_problems,
+    parse_bool,
+    parse_int,
+)
+
+
+def test_flatten_nested_mapping():
+    assert flatten({"a": {"b": 1, "c": {"d": [1, 2]}}, "e": None}) == {"a.b": 1, "a.c.d": [1, 2], "e": None}
+
+
+def test_canonical_copy_has_16_rollouts_and_9_layers():
+    rollout = LOCKED_CONSTANTS["rollout"]
+    assert rollout["strata"] * rollout["branches"] == 16
+    assert len(LOCKED_CONSTANTS["algorithm"]["layers"]) == 9
+    assert sorted(LOCKED_CONSTANTS["reward"]["reward_set"]["rewards"]) == [
+        "collision",
+        "navigation",
+        "stop",
+        "vision",
+        "yaw",
+    ]
+
+
+def test_locked_constant_problems_names_each_change():
+    tree = copy.deepcopy(LOCKED_CONSTANTS)
+    assert locked_constant_problems(tree, "x/locked.yaml") == []
+    tree["rollout"]["window"]["size"] = 3
+    tree["algorithm"]["layer_weights"]["stop_4"] = 2.0
+    del tree["actor"]["lr"]
+    tree["algorithm"]["extra"] = 1
+    problems = locked_constant_problems(tree, "x/locked.yaml")
+    assert len(problems) == 4
+    joined = "\n".join(problems)
+    assert "rollout.window.size is 3" in joined and "requires 2" in joined
+    assert "algorithm.layer_weights.stop_4 is 2.0" in joined
+    assert "actor.lr is missing" in joined
+    assert "algorithm.extra is not a locked constant" in joined
+    # In a composed config, keys outside the locked set are fine; booleans are not numbers.
+    tree = copy.deepcopy(LOCKED_CONSTANTS)
+    tree["trainer"] = {"total_steps": 5}
+    assert locked_constant_problems(tree, "composed") == []
+    tree["rollout"]["shared_initial_noise"] = 1
+    assert "rollout.shared_initial_noise is 1" in locked_constant_problems(tree, "composed")[0]
+    tree = copy.deepcopy(LOCKED_CONSTANTS)
+    tree["rollout"]["strata"] = 4.0  # YAML 4.0 == 4
+    assert locked_constant_problems(tree, "composed") == []
+
+
+def test_parse_int_and_bool():
+    assert parse_int({"X": "12"}, "X", 1, None) == (12, None)
+    assert parse_int({}, "X", 1, 7) == (7, None)
+    assert parse_int({"X": " "}, "X", 1, None) == (None, "X is not set")
+    assert parse_int({"X": "1.5"}, "X", 1, None) == (None, "X='1.5' is not an integer")
+    assert parse_int({"X": "-1"}, "X", 0, None) == (None, "X=-1 must be >= 0")
+    assert parse_bool({"B": "true"}, "B") == (True, None)
+    assert parse_bool({}, "B") == (False, None)
+    assert parse_bool({"B": "sure"}, "B") == (False, "B='sure' must be true or false")
+
+
+def test_check_environment_reports_every_problem(tmp_path):
+    report = Report()
+    env = {
+        "WNM3D_INITIAL_CHECKPOINT": str(tmp_path),
+        "WAM_DATA_ROOT": str(tmp_path / "absent"),
+        "WAM_EXPECTED_TRAIN_SIZE": "x",
+        "WAM_VAL_MAX_SAMPLES": "0",
+        "WAM_OUTPUT_DIR": str(tmp_path / "new" / "run"),
+        "WAM_GPUS_PER_NODE": "0",
+        "NNODES": "3",
+        "NODE_RANK": "1",
+    }
+    settings = check_environment(env, report, "my/paths.env")
+    subjects = [s for s, _ in report.failures]
+    assert subjects == [
+        "WAM_DATA_CONTRACT_CHECKPOINT",
+        "WAM_DATA_ROOT",
+        "WAM_EVENT_VAL_FILE",
+        "WAM_EXPECTED_TRAIN_SIZE",
+        "MASTER_ADDR",
+    ]
+    messages = dict(report.failures)
+    assert messages["WAM_DATA_CONTRACT_CHECKPOINT"].startswith(
+        "WAM_DATA_CONTRACT_CHECKPOINT is not set: set it in my/paths.env"
+    )
+    assert "does not exist" in messages["WAM_DATA_ROOT"]
+    assert settings.output_dir == tmp_path / "new" / "run" and not (tmp_path / "new").exists()
+    assert settings.ints["WAM_TOTAL_STEPS"] == 1000 and settings.ints["WAM_VAL_MAX_SAMPLES"] == 0
+    assert not report.success
+
+
+def test_output_dir_that_is_a_file_is_refused(tmp_path):
+    report = Report()
+    (tmp_path / "f").write_text("x")
+    check_environment({"WAM_OUTPUT_DIR": str(tmp_path / "f")}, report, "")
+    assert any(s == "WAM_OUTPUT_DIR" and "is not a directory" in m for s, m in report.failures)
