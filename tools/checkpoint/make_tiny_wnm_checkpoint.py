@@ -30,6 +30,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-queries", type=int, default=160, help="use at most this many query states (default 160)")
     p.add_argument("--batch-size", type=int, default=4)
     p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument(
+        "--action-weight", type=float, default=1.0, help="weight of the action term of the SFT loss (default 1.0)"
+    )
     p.add_argument("--heldout-fraction", type=float, default=0.2, help="fraction of episodes held out")
     p.add_argument("--eval-every", type=int, default=25)
     p.add_argument("--seed", type=int, default=0)
@@ -66,11 +69,12 @@ def main(argv: list[str] | None = None) -> int:
             steps=max(1, args.sft_steps),
             batch_size=args.batch_size,
             lr=args.lr,
+            action_weight=args.action_weight,
             eval_every=args.eval_every,
             seed=args.seed,
         )
     except ValueError as e:
-        return fail(f"--size/--variant/--batch-size/--lr/--eval-every: {e}")
+        return fail(f"--size/--variant/--batch-size/--lr/--action-weight/--eval-every: {e}")
     progress = not args.no_progress
     provenance: dict = {
         "tool": "make_tiny_wnm_checkpoint",
@@ -78,6 +82,9 @@ def main(argv: list[str] | None = None) -> int:
         "variant": args.variant,
         "seed": args.seed,
         "sft_steps": args.sft_steps,
+        "sft_batch_size": args.batch_size,
+        "sft_lr": args.lr,
+        "sft_action_weight": args.action_weight,
     }
     t0 = time.time()
     torch.manual_seed(args.seed)
