@@ -124,6 +124,8 @@ class Stage3Trainer:
                 },
             )
             self._ray_started_here = True
+        # Tools that talk to the live run (hot save) find the cluster here.
+        checkpointing.atomic_write_text(self.out / "ray_address.txt", ray.get_runtime_context().gcs_address + "\n")
 
     def _build_workers(self) -> None:
         import ray
