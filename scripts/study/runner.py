@@ -1,0 +1,354 @@
+"""Runs the study's trainings concurrently, then exports and evaluates each one as soon as it ends.
+
+Each training run is its own process (``python -m verl_omni.trainer.main_stage3``) with its own Ray runtime
+(``WAM_RAY_TMPDIR``, ``WAM_RAY_NAMESPACE`` per run), its own session (so its whole process group can be
+stopped) and its own log. A run that fails does not stop the others. Per run the state moves
+``pending -> training -> exporting -> evaluating -> done`` (or ``failed`` with the reason); ``status.json``
+is rewritten atomically after every transition, so the results folder always describes what has completed.
+
+Two wall-clock guards keep the study inside a fixed budget: at ``train_deadline_s`` still-running trainings
+get SIGTERM (the trainer shuts Ray down on it) and the run continues from its last saved checkpoint; at
+``deadline_s`` everything still running is stopped and recorded as timed out.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .plan import REPO
+
+STAGE2 = "stage2"
+
+
+@dataclass
+class EvalSettings:
+    """Closed-loop evaluation settings shared by every evaluated checkpoint (same episodes and noise)."""
+
+    episodes: int = 96
+    max_steps: int = 128
+    num_steps: int = 10
+    seed: int = 7
+    device: str = "cpu"
+    dtype: str = "float32"
+
+    def argv(self, scenes: Path) -> list[str]:
+        return [
+            "--scenes",
+            str(scenes),
+            "--episodes",
+            str(self.episodes),
+            "--max-steps",
+            str(self.max_steps),
+            "--num-steps",
+            str(self.num_steps),
+            "--seed",
+            str(self.seed),
+            "--device",
+            self.device,
+            "--dtype",
+            self.dtype,
+            "--no-progress",
+        ]
+
+
+@dataclass
+class Job:
+    """One subprocess with its log and its process group."""
+
+    name: str
+    argv: list[str]
+    log: Path
+    env: dict = field(default_factory=dict)
+    proc: subprocess.Popen | None = None
+    started: float = 0.0
+    ended: float = 0.0
+    returncode: int | None = None
+    signalled: bool = False
+
+    def start(self) -> None:
+        self.log.parent.mkdir(parents=True, exist_ok=True)
+        env = {**os.environ, "PYTHONHASHSEED": "0", **self.env}
+        with open(self.log, "ab") as f:
+            f.write(f"$ {' '.join(self.argv)}\n".encode())
+            f.flush()
+            # A new session per job: its process group (Ray's raylet/GCS included) can be signalled as one.
+            self.proc = subprocess.Popen(
+                self.argv, cwd=REPO, env=env, stdout=f, stderr=subprocess.STDOUT, start_new_session=True
+            )
+        self.started = time.time()
+
+    def poll(self) -> int | None:
+        if self.proc is None or self.returncode is not None:
+            return self.returncode
+        rc = self.proc.poll()
+        if rc is not None:
+            self.returncode, self.ended = rc, time.time()
+        return rc
+
+    def terminate(self) -> None:
+        """SIGTERM to the job's process group (only this job's processes)."""
+        if self.proc is not None and self.poll() is None:
+            self.signalled = True
+            try:
+                os.killpg(self.proc.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+
+    def kill(self) -> None:
+        if self.proc is not None and self.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+    @property
+    def seconds(self) -> float:
+        return round((self.ended or time.time()) - self.started, 1) if self.started else 0.0
+
+
+def log_tail(path: Path, lines: int = 15) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return ""
+
+
+def latest_checkpoint(output_dir: Path) -> Path | None:
+    from verl_omni.trainer import checkpointing
+
+    step = checkpointing.latest_step(output_dir)
+    return None if step is None else checkpointing.step_dir(output_dir, step)
+
+
+def metrics_steps(output_dir: Path) -> int:
+    path = output_dir / "metrics.jsonl"
+    if not path.is_file():
+        return 0
+    return sum(1 for line in path.read_text().splitlines() if line.strip())
+
+
+class StudyRunner:
+    """Schedules training, export and evaluation jobs of the study.
+
+    Args:
+        results: ``W/results`` (created; must not exist yet).
+        runs: ``[(run_name, trainer_config_dict)]``.
+        ckpt: Stage-II checkpoint (the base of every export and the "before" of every comparison).
+        scenes: Held-out evaluation scenes.
+        eval_settings: Closed-loop settings.
+        max_train: Trainings running at once.
+        max_eval: Exports/evaluations running at once.
+        train_deadline_s / deadline_s: Wall-clock guards (seconds from start).
+        threads_per_job: ``OMP_NUM_THREADS`` of every job.
+        meta: Written to ``results/study.json`` (settings, workspace description, command line).
+    """
+
+    def __init__(
+        self,
+        results: Path,
+        runs: list[tuple[str, dict]],
+        ckpt: Path,
+        scenes: Path,
+        eval_settings: EvalSettings,
+        max_train: int,
+        max_eval: int,
+        train_deadline_s: float,
+        deadline_s: float,
+        threads_per_job: int = 2,
+        meta: dict | None = None,
+    ) -> None:
+        self.results = results
+        self.ckpt = ckpt
+        self.scenes = scenes
+        self.eval_settings = eval_settings
+        self.max_train, self.max_eval = max_train, max_eval
+        self.train_deadline_s, self.deadline_s = train_deadline_s, deadline_s
+        self.threads = str(threads_per_job)
+        self.configs = dict(runs)
+        self.state: dict[str, dict] = {name: {"state": "pending"} for name, _ in runs}
+        self.state[STAGE2] = {"state": "pending", "kind": "baseline"}
+        self.jobs: dict[str, Job] = {}
+        self.t0 = 0.0
+        self.meta = meta or {}
+
+    # ------------------------------------------------------------------------------------------ status
+    def _write_status(self) -> None:
+        status = {
+            "format": "wnm-stage3-study-status/1",
+            "elapsed_s": round(time.time() - self.t0, 1),
+            "train_deadline_s": self.train_deadline_s,
+            "deadline_s": self.deadline_s,
+            "eval": vars(self.eval_settings),
+            "runs": self.state,
+        }
+        tmp = self.results / f".status.json.tmp-{os.getpid()}"
+        tmp.write_text(json.dumps(status, indent=1, sort_keys=True) + "\n")
+        tmp.replace(self.results / "status.json")  # our own status file, rewritten on purpose
+
+    def _set(self, name: str, **fields) -> None:
+        self.state[name].update(fields)
+        print(f"[study {time.time() - self.t0:6.1f}s] {name}: {fields}", flush=True)
+        self._write_status()
+
+    # ------------------------------------------------------------------------------------------ jobs
+    def _python(self, *args: str) -> list[str]:
+        return [sys.executable, *args]
+
+    def _start_training(self, name: str) -> None:
+        import yaml
+
+        run_dir = self.results / "runs" / name
+        cfg_dir = run_dir / "config"
+        cfg_dir.mkdir(parents=True)
+        (cfg_dir / "run.yaml").write_text(yaml.safe_dump(self.configs[name], sort_keys=False))
+        # Ray's socket paths must stay below 107 bytes: a short temp dir per run, outside the results.
+        ray_tmp = Path("/tmp") / f"wst_{os.getpid()}_{len(self.jobs)}"
+        job = Job(
+            f"train:{name}",
+            self._python("-m", "verl_omni.trainer.main_stage3", "--config-path", str(cfg_dir), "--config-name", "run"),
+            run_dir / "train.log",
+            env={"WAM_RAY_TMPDIR": str(ray_tmp), "WAM_RAY_NAMESPACE": f"study_{name}", "OMP_NUM_THREADS": self.threads},
+        )
+        job.start()
+        self.jobs[name] = job
+        self._set(name, state="training", output_dir=str(run_dir / "out"), log=str(job.log))
+
+    def _start_export(self, name: str, step_dir: Path) -> None:
+        export = self.results / "runs" / name / "export"
+        job = Job(
+            f"export:{name}",
+            self._python(
+                "tools/checkpoint/export_wnm_checkpoint.py",
+                "--base-vln",
+                str(self.ckpt),
+                "--actor-checkpoint",
+                str(step_dir),
+                "--output-dir",
+                str(export),
+                "--no-progress",
+            ),
+            self.results / "runs" / name / "export.log",
+            env={"OMP_NUM_THREADS": self.threads},
+        )
+        job.start()
+        self.jobs[name] = job
+        self._set(name, state="exporting", checkpoint=str(step_dir), export=str(export))
+
+    def _start_eval(self, name: str, ckpt: Path) -> None:
+        out = self.results / "evals" / name
+        job = Job(
+            f"eval:{name}",
+            self._python(
+                "tools/eval/closed_loop_eval.py",
+                "--checkpoint",
+                str(ckpt),
+                *self.eval_settings.argv(self.scenes),
+                "--output-dir",
+                str(out),
+            ),
+            self.results / "evals" / f"{name}.log",
+            env={"OMP_NUM_THREADS": self.threads},
+        )
+        job.start()
+        self.jobs[name] = job
+        self._set(name, state="evaluating", eval_dir=str(out))
+
+    # ------------------------------------------------------------------------------------------ loop
+    def _count(self, state: str) -> int:
+        return sum(s["state"] == state for s in self.state.values())
+
+    def _advance(self, name: str, now: float) -> None:
+        st = self.state[name]
+        job = self.jobs.get(name)
+        if st["state"] == "training":
+            if now - self.t0 > self.train_deadline_s and job.poll() is None:
+                if not job.signalled:
+                    # Once: a second SIGTERM would interrupt the trainer's own Ray shutdown.
+                    self._set(name, note=f"training stopped at the {self.train_deadline_s:.0f}s guard")
+                    job.terminate()
+                elif now - self.t0 > self.train_deadline_s + 30:
+                    job.kill()  # the trainer did not stop within 30 s of SIGTERM
+            rc = job.poll()
+            if rc is None:
+                return
+            shutil.rmtree(job.env["WAM_RAY_TMPDIR"], ignore_errors=True)  # this run's own Ray session files
+            out = Path(st["output_dir"])
+            steps = metrics_steps(out)
+            ckpt = latest_checkpoint(out)
+            self._set(name, train_rc=rc, train_s=job.seconds, steps_done=steps)
+            if ckpt is None:
+                self._set(name, state="failed", reason=f"training exit {rc}, no checkpoint", log_tail=log_tail(job.log))
+            elif self._count("exporting") + self._count("evaluating") < self.max_eval:
+                self._start_export(name, ckpt)
+            else:
+                self._set(name, state="trained")
+        elif st["state"] == "trained":
+            if self._count("exporting") + self._count("evaluating") < self.max_eval:
+                self._start_export(name, Path(latest_checkpoint(Path(st["output_dir"]))))
+        elif st["state"] == "exporting":
+            rc = job.poll()
+            if rc is None:
+                return
+            if rc != 0:
+                self._set(name, state="failed", reason=f"export exit {rc}", log_tail=log_tail(job.log))
+            else:
+                self._start_eval(name, Path(st["export"]))
+        elif st["state"] == "evaluating":
+            rc = job.poll()
+            if rc is None:
+                return
+            if rc != 0:
+                self._set(name, state="failed", reason=f"eval exit {rc}", log_tail=log_tail(job.log))
+            else:
+                self._set(name, state="done", eval_s=job.seconds, report=str(Path(st["eval_dir"]) / "report.json"))
+        elif st["state"] == "pending":
+            if name == STAGE2:
+                if self._count("exporting") + self._count("evaluating") < self.max_eval:
+                    self._start_eval(name, self.ckpt)
+            elif now - self.t0 >= self.train_deadline_s:
+                self._set(name, state="failed", reason=f"not started before the {self.train_deadline_s:.0f}s guard")
+            elif self._count("training") < self.max_train:
+                self._start_training(name)
+
+    def run(self) -> dict:
+        """Runs everything; returns the final status per run. Never raises for a failing run."""
+        self.results.mkdir(parents=True)
+        (self.results / "study.json").write_text(json.dumps(self.meta, indent=1, default=list) + "\n")
+        self.t0 = time.time()
+        self._write_status()
+        active = ("pending", "training", "trained", "exporting", "evaluating")
+        try:
+            while any(s["state"] in active for s in self.state.values()):
+                now = time.time()
+                if now - self.t0 > self.deadline_s:
+                    for name, s in self.state.items():
+                        if s["state"] in active:
+                            if name in self.jobs:
+                                self.jobs[name].terminate()
+                            self._set(name, state="failed", reason=f"{s['state']} at the {self.deadline_s:.0f}s guard")
+                    break
+                # Stage-II evaluation first (it needs no training), then runs in plan order.
+                for name in [STAGE2, *self.configs]:
+                    try:
+                        self._advance(name, now)
+                    except Exception as e:  # one run's problem (a file, a spawn) must not end the others
+                        if name in self.jobs:
+                            self.jobs[name].terminate()
+                        self._set(name, state="failed", reason=f"{type(e).__name__}: {e}")
+                time.sleep(1.0)
+        finally:
+            for job in self.jobs.values():
+                job.terminate()
+            time.sleep(2.0)
+            for job in self.jobs.values():
+                job.kill()
+            self._write_status()
+        return self.state

@@ -1,0 +1,288 @@
+"""Pure parts of the Stage-III study (scripts/study): smoothing, CI math, closed-loop pooling, trainer configs,
+tables and plots on synthetic numbers. Expected values are hand calculations or scipy/numpy recomputations."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from scipy import stats as sps
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "scripts"))
+
+from study import plan, plots, report, stats  # noqa: E402
+
+
+# ---------------------------------------------------------------------------------------------- stats
+def test_trailing_mean_by_hand_and_nan():
+    out = stats.trailing_mean([1.0, 3.0, 5.0, 7.0], 2)
+    np.testing.assert_allclose(out, [1.0, 2.0, 4.0, 6.0])
+    out = stats.trailing_mean([1.0, np.nan, 5.0, np.nan, np.nan], 2)
+    # windows: [1], [1, nan], [nan, 5], [5, nan], [nan, nan]
+    np.testing.assert_allclose(out[:4], [1.0, 1.0, 5.0, 5.0])
+    assert np.isnan(out[4])
+    with pytest.raises(ValueError, match="window"):
+        stats.trailing_mean([1.0], 0)
+
+
+def test_t_interval_matches_hand_formula():
+    x = [1.0, 2.0, 3.0, 4.0]
+    m, lo, hi = stats.t_interval(x)
+    sem = math.sqrt(sum((v - 2.5) ** 2 for v in x) / 3) / 2  # sample std / sqrt(4)
+    q = sps.t.ppf(0.975, 3)
+    assert m == 2.5
+    assert lo == pytest.approx(2.5 - q * sem) and hi == pytest.approx(2.5 + q * sem)
+    assert stats.t_interval([2.0]) == (2.0, None, None)
+    assert stats.t_interval([2.0, 2.0]) == (2.0, 2.0, 2.0)
+
+
+def test_seed_band_per_step():
+    curves = np.array([[0.0, 1.0, np.nan], [2.0, 3.0, 5.0], [4.0, 5.0, np.nan]])
+    mean, lo, hi = stats.seed_band(curves)
+    np.testing.assert_allclose(mean, [2.0, 3.0, 5.0])
+    half = sps.t.ppf(0.975, 2) * 2.0 / math.sqrt(3)  # std of (0, 2, 4) is 2
+    assert lo[0] == pytest.approx(2.0 - half) and hi[1] == pytest.approx(3.0 + half)
+    assert np.isnan(lo[2]) and np.isnan(hi[2])  # one seed at step 3: no band
+
+
+def test_welch_and_early_late_against_scipy():
+    a, b = [1.0, 2.0, 3.0], [4.0, 6.0, 8.0, 10.0]
+    w = stats.welch_difference(a, b)
+    ref = sps.ttest_ind(b, a, equal_var=False).confidence_interval(0.95)
+    assert w["diff"] == pytest.approx(5.0)
+    assert (w["low"], w["high"]) == (pytest.approx(ref.low), pytest.approx(ref.high))
+    curve = np.arange(10, dtype=float)  # first 20% = (0, 1), last 20% = (8, 9)
+    ch = stats.early_late_change(curve, 0.2)
+    assert ch["window"] == 2 and ch["diff"] == pytest.approx(8.0)
+    # By hand: both windows have variance 0.5, se = sqrt(0.5/2 + 0.5/2), Welch df = 0.25 / 0.125 = 2.
+    half = sps.t.ppf(0.975, 2) * math.sqrt(0.5)
+    assert ch["low"] == pytest.approx(8.0 - half) and ch["high"] == pytest.approx(8.0 + half)
+
+
+def test_overlap_relative_wilson():
+    assert stats.intervals_overlap((0.0, 1.0), (1.0, 2.0)) is True
+    assert stats.intervals_overlap((0.0, 0.9), (1.0, 2.0)) is False
+    assert stats.intervals_overlap((None, 1.0), (0.0, 2.0)) is None
+    assert stats.relative_change(2.0, 1.4) == pytest.approx(-0.3)
+    assert stats.relative_change(0.0, 1.0) is None
+    lo, hi = stats.wilson(5, 10)
+    z = sps.norm.ppf(0.975)
+    centre = (0.5 + z * z / 20) / (1 + z * z / 10)
+    half = z / (1 + z * z / 10) * math.sqrt(0.25 / 10 + z * z / 400)
+    assert lo == pytest.approx(centre - half) and hi == pytest.approx(centre + half)
+
+
+def _episodes(success, collisions, prefix="e"):
+    return [
+        {
+            "episode_id": f"{prefix}{i}",
+            "success": bool(s),
+            "oracle_success": bool(s),
+            "spl": 0.5 * s,
+            "ne": 2.0 - s,
+            "collisions": int(c),
+            "collided": c > 0,
+        }
+        for i, (s, c) in enumerate(zip(success, collisions, strict=True))
+    ]
+
+
+def test_compare_closed_loop_pools_seeds_per_episode():
+    base = _episodes([0, 0, 1, 0], [2, 2, 0, 4])
+    s1 = _episodes([1, 0, 1, 1], [0, 1, 0, 1])
+    s2 = _episodes([1, 1, 1, 0], [0, 1, 0, 3])
+    comp = stats.compare_closed_loop(base, [s1, s2])
+    sr = comp["success"]
+    # per-episode seed means: (1, 0.5, 1, 0.5) -> 0.75; differences vs (0, 0, 1, 0): (1, 0.5, 0, 0.5)
+    assert sr["before"][0] == 0.25 and sr["after"][0] == pytest.approx(0.75)
+    assert sr["before"][1:] == pytest.approx(stats.wilson(1, 4))
+    m, lo, hi = sr["diff"]
+    d = np.array([1.0, 0.5, 0.0, 0.5])
+    half = sps.t.ppf(0.975, 3) * d.std(ddof=1) / 2
+    assert m == pytest.approx(0.5) and lo == pytest.approx(0.5 - half) and hi == pytest.approx(0.5 + half)
+    assert sr["per_seed"] == [0.75, 0.75] and sr["seeds"] == 2 and sr["episodes"] == 4
+    col = comp["collisions"]
+    # before mean 2.0, after per-episode means (0, 1, 0, 2) -> 0.75: relative change -62.5%
+    assert col["after"][0] == pytest.approx(0.75) and col["relative"] == pytest.approx(-0.625)
+    goal = stats.goal_check(comp)
+    assert goal["sr_gain"] == pytest.approx(0.5) and goal["sr_goal_met"]
+    assert goal["collision_reduction"] == pytest.approx(0.625) and goal["collision_goal_met"]
+    assert goal["met"] == (goal["sr_cis_apart"] and goal["collision_cis_apart"])
+    with pytest.raises(ValueError, match="same episodes"):
+        stats.compare_closed_loop(base, [_episodes([1, 1, 1, 1], [0, 0, 0, 0], prefix="x")])
+
+
+# ---------------------------------------------------------------------------------------------- plan
+def test_plan_runs_and_trainer_config_ablation_switches(tmp_path):
+    settings = plan.StudySettings(steps=7, main_seeds=(1, 2, 3), ablation_seeds=(1,))
+    runs = plan.plan_runs(settings)
+    assert [r.name for r in runs] == [
+        "main_s1",
+        "main_s2",
+        "main_s3",
+        "abl_a_summed_s1",
+        "abl_b_prompt_baseline_s1",
+        "abl_c_independent_noise_s1",
+    ]
+    locked = plan.load_locked_recipe()
+    ws = {"ckpt": tmp_path / "c", "train": tmp_path / "t", "eventval": tmp_path / "v", "scenes": tmp_path / "s"}
+    ws["train_size"] = 32
+    cfgs = {r.name: plan.trainer_config(r, settings, ws, tmp_path / r.name, locked) for r in runs}
+    main = cfgs["main_s1"]
+    assert main["algorithm"]["layer_conditioned"] is True and main["algorithm"]["baseline"] == "stratum"
+    assert main["rollout"]["shared_initial_noise"] is True and main["rollout"]["strata"] == 4
+    assert main["trainer"]["total_steps"] == 7 and main["trainer"]["seed"] == 1 and main["data"]["seed"] == 1
+    assert main["topology"]["ppo_mini_batch_prompts"] == main["topology"]["prompts_per_step"] == 4
+    assert cfgs["abl_a_summed_s1"]["algorithm"]["layer_conditioned"] is False
+    assert cfgs["abl_b_prompt_baseline_s1"]["algorithm"]["baseline"] == "prompt"
+    assert cfgs["abl_c_independent_noise_s1"]["rollout"]["shared_initial_noise"] is False
+    # Each ablation differs from the same-seed main run in exactly its switch (and its output/experiment name).
+    for name, switch in (("abl_a_summed_s1", ("algorithm", "layer_conditioned")),):
+        diff = {
+            (sec, k)
+            for sec in main
+            if isinstance(main[sec], dict)
+            for k in main[sec]
+            if main[sec][k] != cfgs[name][sec][k]
+        }
+        assert diff == {switch, ("trainer", "output_dir"), ("trainer", "experiment_name")}
+    from verl_omni.trainer.config import trainer_config_from_dict
+
+    for cfg in cfgs.values():
+        trainer_config_from_dict(cfg)  # every generated config passes the trainer's own validation
+    with pytest.raises(ValueError, match="unknown arm"):
+        plan.plan_runs(settings, ("nope",))
+    with pytest.raises(ValueError, match="StudySettings.lr"):
+        plan.StudySettings(lr=0.0)
+
+
+# ---------------------------------------------------------------------------------------------- report + plots
+def _write_results(root: Path) -> Path:
+    """A synthetic results folder: rising rewards, validation every 5 steps, evaluations of 6 episodes."""
+    results = root / "results"
+    names = ["main_s1", "main_s2", "abl_a_summed_s1"]
+    status = {"runs": {"stage2": {"state": "done"}}}
+    rng = np.random.default_rng(0)
+    for k, name in enumerate(names):
+        out = results / "runs" / name / "out"
+        out.mkdir(parents=True)
+        lines = []
+        for step in range(1, 21):
+            m = {"step": step}
+            for layer in report.LAYERS:
+                m[f"reward/{layer}/mean"] = 0.05 * step + 0.01 * rng.standard_normal()
+            m["reward/nav_total/mean"] = 0.2 * step
+            m["reward/stop_total/mean"] = -1.0 + 0.01 * step
+            if step % 5 == 0:
+                for ev in report.EVENTS:
+                    m[f"val/{ev}/nav_total"] = 0.1 * step + k
+                    m[f"val/{ev}/stop_total"] = 0.0
+            lines.append(json.dumps(m))
+        (out / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+        status["runs"][name] = {"state": "done", "steps_done": 20}
+    evals = {
+        "stage2": _episodes([0, 0, 1, 0, 0, 1], [3, 2, 0, 4, 1, 2]),
+        "main_s1": _episodes([1, 0, 1, 1, 0, 1], [0, 1, 0, 1, 0, 0]),
+        "main_s2": _episodes([1, 1, 1, 0, 0, 1], [1, 0, 0, 2, 0, 1]),
+        "abl_a_summed_s1": _episodes([0, 0, 1, 1, 0, 1], [2, 2, 0, 3, 1, 1]),
+    }
+    for name, eps in evals.items():
+        d = results / "evals" / name
+        d.mkdir(parents=True)
+        rep = {"format": "wnm-closed-loop-eval/1", "runs": {"checkpoint": {"episodes": eps}}}
+        (d / "report.json").write_text(json.dumps(rep))
+    (results / "status.json").write_text(json.dumps(status))
+    return results
+
+
+def test_report_tables_and_plots_on_synthetic_results(tmp_path):
+    data = report.load_results(_write_results(tmp_path))
+    assert data.arms == ["main", "abl_a_summed"] and len(data.arm_runs("main")) == 2
+
+    train = report.training_table(data)
+    nav_total = next(r for r in train if r[0] == "nav_total")
+    # 20 steps, windows of 4: mean(17..20) - mean(1..4) = 16 steps x 0.2 = +3.2. Both windows hold 0.2 x
+    # (k, k+1, k+2, k+3): variance 0.04 x 5/3, se = sqrt(2 x variance / 4), Welch df = 6 (equal sizes/spreads).
+    half = sps.t.ppf(0.975, 6) * math.sqrt(2 * 0.04 * 5 / 3 / 4)
+    assert nav_total[1] == f"+3.200 [{3.2 - half:+.3f}, {3.2 + half:+.3f}]"
+
+    val = report.validation_table(data)
+    all_row = next(r for r in val if r[0] == "all")
+    # main seeds: first 0.5 + k, last 2.0 + k -> change 1.5 for both seeds
+    assert all_row[1].startswith("+1.000 -> +2.500 (+1.500 [+1.500, +1.500])")
+
+    comps = report.closed_loop_comparisons(data)
+    assert set(comps) == {"main", "abl_a_summed"}
+    assert comps["main"]["success"]["before"][0] == pytest.approx(2 / 6)
+    assert comps["main"]["success"]["after"][0] == pytest.approx(8 / 12)
+    assert comps["abl_a_summed"]["collisions"]["after"][0] == pytest.approx(9 / 6)
+    md = report.render_markdown(data, comps, ["x/closed_loop.png"], "synthetic")
+    assert "| SR |" in md and "abl_a_summed" in md and "![closed_loop](x/closed_loop.png)" in md
+
+    figs = tmp_path / "figs"
+    plots.reward_curves(data, figs / "r.png", window=3)
+    plots.validation_curves(data, figs / "v.png")
+    plots.closed_loop_bars(comps, figs / "c.png")
+    from PIL import Image
+
+    for name in ("r.png", "v.png", "c.png"):
+        with Image.open(figs / name) as im:
+            assert im.format == "PNG" and min(im.size) > 100
+        assert (figs / name).stat().st_size < 300_000  # small enough to commit
+    assert report.split_run_name("abl_b_prompt_baseline_s12") == ("abl_b_prompt_baseline", 12)
+
+
+# ---------------------------------------------------------------------------------------------- files
+def test_relocate_rewrites_only_roots(tmp_path):
+    from study import workspace
+
+    carry = tmp_path / "carry"
+    desc = {"paths": {"collection": "collection", "scenes": "scenes", "train": "train", "eventval": "eventval"}}
+    for key in ("train", "eventval"):
+        (carry / key).mkdir(parents=True)
+        manifest = {"source_root": "/elsewhere/c", "occupancy_root": "/elsewhere/s", "shards": [{"sha256": "ab"}]}
+        (carry / key / "manifest.json").write_text(json.dumps(manifest))
+    changed = workspace.relocate(carry, desc)
+    assert len(changed) == 2
+    m = json.loads((carry / "train" / "manifest.json").read_text())
+    assert m["source_root"] == str((carry / "collection").resolve())
+    assert m["occupancy_root"] == str((carry / "scenes").resolve())
+    assert m["shards"] == [{"sha256": "ab"}]
+    assert workspace.relocate(carry, desc) == []  # already in place: nothing rewritten
+
+
+def test_pack_leaves_out_weights_and_doc_block_update(tmp_path):
+    import tarfile
+
+    import study_stage3
+
+    results, carry = tmp_path / "results", tmp_path / "carry"
+    (results / "runs" / "main_s1" / "out" / "global_step_4" / "actor").mkdir(parents=True)
+    (results / "runs" / "main_s1" / "out" / "global_step_4" / "actor" / "w.pt").write_text("weights")
+    (results / "runs" / "main_s1" / "export").mkdir()
+    (results / "runs" / "main_s1" / "export" / "model.safetensors").write_text("weights")
+    (results / "runs" / "main_s1" / "out" / "metrics.jsonl").write_text("{}\n")
+    (results / "status.json").write_text("{}")
+    carry.mkdir()
+    (carry / "workspace.json").write_text("{}")
+    dest = tmp_path / "o" / "r.tar.gz"
+    study_stage3._pack(results, carry, dest)
+    with tarfile.open(dest) as tar:
+        names = set(tar.getnames())
+    assert "results/runs/main_s1/out/metrics.jsonl" in names and "results/workspace.json" in names
+    assert not any("global_step_" in n or "/export" in n for n in names)
+    with pytest.raises(study_stage3.StudyError, match="already exists"):
+        study_stage3._pack(results, carry, dest)
+
+    doc = tmp_path / "doc.md"
+    doc.write_text(f"intro\n{study_stage3.DOC_BEGIN}\nold\n{study_stage3.DOC_END}\noutro\n")
+    study_stage3._update_doc(doc, "new table\n")
+    assert doc.read_text() == f"intro\n{study_stage3.DOC_BEGIN}\nnew table\n{study_stage3.DOC_END}\noutro\n"
+    doc.write_text("no markers")
+    with pytest.raises(study_stage3.StudyError, match="markers"):
+        study_stage3._update_doc(doc, "x")
