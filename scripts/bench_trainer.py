@@ -31,6 +31,11 @@ def main() -> int:
     ap.add_argument("--denoising-steps", type=int, default=10)
     ap.add_argument("--micro-batch", type=int, default=8, help="rollouts per forward/backward per rank")
     ap.add_argument("--sft-steps", type=int, default=0)
+    ap.add_argument("--ckpt-set", action="append", default=[], help="WNMConfig override for the checkpoint")
+    ap.add_argument("--compile", action="store_true", help="actor.compile=true (torch.compile the DiT blocks)")
+    ap.add_argument("--no-reshard", action="store_true", help="actor.reshard_after_forward=false")
+    ap.add_argument("--scenes", type=int, default=3)
+    ap.add_argument("--episodes", type=int, default=4, help="episodes per scene")
     ap.add_argument("--workspace-only", action="store_true", help="build the workspace and stop")
     ap.add_argument("--reuse-workspace", action="store_true", help="train on the workspace an earlier call built")
     args = ap.parse_args()
@@ -47,13 +52,14 @@ def main() -> int:
             ap.error(f"--workdir {args.workdir} already exists; choose a new directory")
         ws = build_workspace(
             args.workdir / "ws",
-            scenes=3,
-            episodes=4,
+            scenes=args.scenes,
+            episodes=args.episodes,
             size=args.size,
             image_size=args.image_size,
             train_size=2 * args.prompts,
             sft_steps=args.sft_steps,
             workers=4 if args.gpus else 1,
+            ckpt_overrides=tuple(args.ckpt_set),
         )
         ws_file.write_text(json.dumps({k: str(v) if isinstance(v, Path) else v for k, v in ws.items()}))
     print(f"workspace: {time.perf_counter() - t0:.1f} s (size {args.size}, {args.image_size}px) in {args.workdir}")
@@ -74,6 +80,8 @@ def main() -> int:
         "trainer.val_freq": 0,
         "trainer.log_media_freq": 0,
         "trainer.deterministic": not args.gpus,
+        "actor.compile": args.compile,
+        "actor.reshard_after_forward": not args.no_reshard,
     }
     cfg_dir = args.workdir / "config"
     out = args.workdir / "out"

@@ -41,6 +41,7 @@ def build_workspace(
     size: str = "tiny",
     image_size: int = 64,
     workers: int = 1,
+    ckpt_overrides: tuple[str, ...] = (),
 ) -> dict:
     """Synthesized collection + a ``size`` checkpoint + converted/sampled/event-val data under ``root``."""
     ws = {k: root / k for k in ("collection", "scenes", "ckpt", "converted", "train", "eventval")}
@@ -64,6 +65,8 @@ def build_workspace(
         ]
     )
     ckpt_args = ["tools/checkpoint/make_tiny_wnm_checkpoint.py", "--output-dir", str(ws["ckpt"]), "--size", size]
+    for item in ckpt_overrides:
+        ckpt_args += ["--set", item]
     if sft_steps:
         ckpt_args += ["--collection", str(ws["collection"]), "--sft-steps", str(sft_steps)]
     run_cli(ckpt_args)

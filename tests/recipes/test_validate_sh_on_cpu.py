@@ -52,6 +52,12 @@ def test_validate_missing_variable(stage3_workspace, tmp_path, var):
     _assert_refused(proc, f"{var} is not set", str(tmp_path / "paths.env"))
 
 
+def _vllm_omni_installed() -> bool:
+    from verl_omni.pipelines.wnm_vllm_omni.extra import vllm_omni_available
+
+    return vllm_omni_available()
+
+
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
@@ -60,6 +66,11 @@ def test_validate_missing_variable(stage3_workspace, tmp_path, var):
         ({"WAM_TOTAL_STEPS": "ten"}, "WAM_TOTAL_STEPS='ten' is not an integer"),
         ({"WAM_EXPECTED_TRAIN_SIZE": "0"}, "WAM_EXPECTED_TRAIN_SIZE=0 must be >= 1"),
         ({"WAM_ROLLOUT_BACKEND": "tensorrt"}, "WAM_ROLLOUT_BACKEND='tensorrt' must be one of"),
+        pytest.param(
+            {"WAM_ROLLOUT_BACKEND": "vllm_omni"},
+            "WAM_ROLLOUT_BACKEND=vllm_omni needs the 'vllm-omni' extra",
+            marks=pytest.mark.skipif(_vllm_omni_installed(), reason="the vllm-omni extra is installed here"),
+        ),
         ({"NNODES": "2", "NODE_RANK": "2", "MASTER_ADDR": "10.0.0.1"}, "NODE_RANK=2 must be < NNODES=2"),
         ({"NNODES": "2"}, "MASTER_ADDR is not set but NNODES=2"),
         ({"WAM_NETWORK_INTERFACE": "nosuchif0"}, "WAM_NETWORK_INTERFACE=nosuchif0 does not exist on this machine"),

@@ -104,3 +104,19 @@ def test_output_dir_that_is_a_file_is_refused(tmp_path):
     (tmp_path / "f").write_text("x")
     check_environment({"WAM_OUTPUT_DIR": str(tmp_path / "f")}, report, "")
     assert any(s == "WAM_OUTPUT_DIR" and "is not a directory" in m for s, m in report.failures)
+
+
+def test_vllm_omni_backend_without_the_extra_is_refused(monkeypatch):
+    from verl_omni.pipelines.wnm_vllm_omni import extra
+
+    monkeypatch.setattr(extra, "REQUIRED_MODULES", {"vllm": "no_such_vllm", "vllm-omni": "no_such_vllm_omni"})
+    report = Report()
+    settings = check_environment({"WAM_ROLLOUT_BACKEND": "vllm_omni"}, report, "")
+    messages = dict(report.failures)
+    assert settings.backend == "vllm_omni"
+    msg = messages["WAM_ROLLOUT_BACKEND"]
+    assert "WAM_ROLLOUT_BACKEND=vllm_omni needs the 'vllm-omni' extra" in msg
+    assert extra.INSTALL_COMMAND in msg and "rollout.backend=native" in msg
+    report = Report()
+    check_environment({"WAM_ROLLOUT_BACKEND": "native"}, report, "")
+    assert "WAM_ROLLOUT_BACKEND" not in dict(report.failures)

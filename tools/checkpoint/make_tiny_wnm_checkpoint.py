@@ -38,7 +38,31 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--max-shard-mb", type=float, default=2048.0, help="shard tensors of a part above this size")
     p.add_argument("--no-progress", action="store_true", help="disable progress bars")
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="FIELD=VALUE",
+        help="override one WNMConfig field of the preset (JSON value, e.g. vae_kind=tiny or text_encoder_layers=2);\n"
+        "repeatable. Used to build random checkpoints at a real size with the built-in frozen encoders.",
+    )
     return p.parse_args(argv)
+
+
+def parse_overrides(items: list[str]) -> dict:
+    """``FIELD=VALUE`` strings -> dict; VALUE is JSON when it parses (numbers, lists, true), else a string."""
+    import json
+
+    out = {}
+    for item in items:
+        field, sep, raw = item.partition("=")
+        if not sep or not field.strip():
+            raise ValueError(f"--set {item!r}: expected FIELD=VALUE")
+        try:
+            out[field.strip()] = json.loads(raw)
+        except json.JSONDecodeError:
+            out[field.strip()] = raw
+    return out
 
 
 def fail(msg: str) -> int:
@@ -64,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.max_shard_mb <= 0:
         return fail(f"--max-shard-mb must be > 0, got {args.max_shard_mb}")
     try:
-        config = WNMConfig.from_size(args.size, variant=args.variant)
+        config = WNMConfig.from_size(args.size, variant=args.variant, **parse_overrides(args.set))
         sft_cfg = sft.SFTConfig(
             steps=max(1, args.sft_steps),
             batch_size=args.batch_size,
@@ -73,8 +97,8 @@ def main(argv: list[str] | None = None) -> int:
             eval_every=args.eval_every,
             seed=args.seed,
         )
-    except ValueError as e:
-        return fail(f"--size/--variant/--batch-size/--lr/--action-weight/--eval-every: {e}")
+    except (TypeError, ValueError) as e:
+        return fail(f"--size/--variant/--set/--batch-size/--lr/--action-weight/--eval-every: {e}")
     progress = not args.no_progress
     provenance: dict = {
         "tool": "make_tiny_wnm_checkpoint",

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import importlib.util
 import os
 import sys
 from collections.abc import Mapping
@@ -164,7 +163,7 @@ INTEGER_VARS = {
     "WAM_NODE_WAIT_TIMEOUT": (1, 600),
 }
 ROLLOUT_BACKENDS = ("native", "vllm_omni")
-BOOLEAN_VARS = ("WAM_REPLACE_EXISTING_RAY", "WAM_RAY_DASHBOARD")
+BOOLEAN_VARS = ("WAM_REPLACE_EXISTING_RAY", "WAM_RAY_DASHBOARD", "WAM_COMPILE")
 # Frozen part -> (variable, model_config kind field, kinds built in without a source, checkpoint subfolder).
 FROZEN_SOURCES = {
     "tokenizer": ("WNM_TOKENIZER_SOURCE", "text_encoder_kind", ("builtin",), "tokenizer"),
@@ -333,12 +332,11 @@ def check_environment(env: Mapping[str, str], report: Report, paths_env: str) ->
     backend = env.get("WAM_ROLLOUT_BACKEND", "").strip() or "native"
     if backend not in ROLLOUT_BACKENDS:
         report.fail("WAM_ROLLOUT_BACKEND", f"WAM_ROLLOUT_BACKEND={backend!r} must be one of {ROLLOUT_BACKENDS}")
-    elif backend == "vllm_omni" and importlib.util.find_spec("vllm_omni") is None:
-        report.fail(
-            "WAM_ROLLOUT_BACKEND",
-            "WAM_ROLLOUT_BACKEND=vllm_omni but the vllm_omni package is not "
-            "installed in this environment: install the vllm-omni extra or use native",
-        )
+    elif backend == "vllm_omni":
+        from verl_omni.pipelines.wnm_vllm_omni.extra import missing_extra_message, vllm_omni_available
+
+        if not vllm_omni_available():
+            report.fail("WAM_ROLLOUT_BACKEND", missing_extra_message("WAM_ROLLOUT_BACKEND=vllm_omni"))
     s.backend = backend
     for name in BOOLEAN_VARS:
         _, err = parse_bool(env, name)
@@ -642,6 +640,11 @@ def check_config(s: Settings, env: Mapping[str, str], config_dir: Path, report: 
         report.fail(str(config_dir), f"the recipe does not compose: {type(e).__name__}: {e}")
         return None
     problems += locked_constant_problems(tree, f"composed recipe {config_dir / (CONFIG_NAME + '.yaml')}")
+    if str((tree.get("rollout") or {}).get("backend")) == "vllm_omni" and s.backend != "vllm_omni":
+        from verl_omni.pipelines.wnm_vllm_omni.extra import missing_extra_message, vllm_omni_available
+
+        if not vllm_omni_available():
+            report.fail(str(config_dir / f"{CONFIG_NAME}.yaml"), missing_extra_message("rollout.backend: vllm_omni"))
     for p in problems:
         report.fail(
             str(locked_path),

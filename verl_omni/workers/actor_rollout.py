@@ -93,6 +93,7 @@ class ActorRolloutWorker(Worker):
         self.spec: DeviceSpec | None = None
         self.model = None
         self.backend = None
+        self.rollout = None  # what generate() samples with: self.backend (native) or a vllm_omni backend
         self.optimizer = None
         self.scheduler = None
         self.reference = None
@@ -144,6 +145,11 @@ class ActorRolloutWorker(Worker):
         from torch.distributed.fsdp import register_fsdp_forward_method
 
         register_fsdp_forward_method(model.transformer, "project_context")
+        register_fsdp_forward_method(model.transformer, "history_kv")
+        model.transformer.set_history_attention(cfg.actor.history_attention)
+        if cfg.actor.compile:
+            # After fully_shard: the compiled block forward runs inside each block's FSDP hooks.
+            model.transformer.compile_blocks()
         self.model = model
         params = [p for p in model.transformer.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(
@@ -162,6 +168,7 @@ class ActorRolloutWorker(Worker):
                 chunk_size=cfg.rollout.micro_batch_size,
             ),
         )
+        self.rollout = self._build_rollout_backend(model)
         if cfg.algorithm.kl_beta > 0:
             import copy
 
@@ -174,6 +181,44 @@ class ActorRolloutWorker(Worker):
             "dit_dtype": str(self.spec.dit_dtype),
             "trainable_params": int(n_params),
         }
+
+    def _build_rollout_backend(self, model):
+        """``native``: the colocated backend itself. ``vllm_omni``: a vLLM-Omni engine on this rank's GPU
+        serving the initial checkpoint (version 0), put to sleep between rollouts; ``generate`` syncs it to
+        the actor's version first (bucketed, versioned; docs/vllm_omni.md)."""
+        cfg = self.cfg
+        if cfg.rollout.backend != "vllm_omni":
+            return self.backend
+        from verl_omni.pipelines.wnm_vllm_omni.extra import require_vllm_omni
+
+        require_vllm_omni()
+        if self.spec.kind != "cuda":
+            raise RuntimeError("rollout.backend=vllm_omni needs NVIDIA GPUs (vLLM's CUDA engine); use native on CPU")
+        from verl_omni.pipelines.wnm_vllm_omni.backend import VllmOmniRolloutBackend
+        from verl_omni.pipelines.wnm_vllm_omni.engine import VllmOmniEngineConfig
+
+        engine_cfg = VllmOmniEngineConfig(
+            checkpoint=str(cfg.model.initial_checkpoint),
+            dtype="bfloat16" if self.spec.dit_dtype == torch.bfloat16 else "float32",
+            deterministic=cfg.trainer.deterministic,
+            chunk_size=cfg.rollout.micro_batch_size,
+            max_num_seqs=cfg.rollout.micro_batch_size,
+        )
+        rollout = VllmOmniRolloutBackend.from_model(model, sampler_config_from(cfg), engine_cfg)
+        rollout.sleep()
+        return rollout
+
+    def _rollout_generate(self, requests, context, ode: bool):
+        if self.rollout is self.backend:
+            return self.backend.generate(requests, context, ode=ode)
+        self.rollout.wake_up()
+        try:
+            if self.rollout.weight_version != self.version:
+                # Collective: every rank all-gathers the same buckets and feeds its own engine.
+                self.rollout.sync_from_module(self.model.transformer, self.version)
+            return self.rollout.generate(requests, context, ode=ode)
+        finally:
+            self.rollout.sleep()
 
     # ------------------------------------------------------------------------------------------- rollout
     def _load_prompts(self, rows: list, source_root: str):
@@ -207,7 +252,7 @@ class ActorRolloutWorker(Worker):
         requests = shard["requests"]
         context, target_latents = self._load_prompts(shard["rows"], shard["source_root"])
         t_encode = time.perf_counter() - t0
-        results = self.backend.generate(requests, context, ode=shard.get("mode", "sde") == "ode")
+        results = self._rollout_generate(requests, context, ode=shard.get("mode", "sde") == "ode")
         return {
             "results": results,
             "context": context.to("cpu", torch.float32),
@@ -278,7 +323,10 @@ class ActorRolloutWorker(Worker):
         for mb_index, mini in enumerate(payload["mini_batches"]):
             self.optimizer.zero_grad(set_to_none=True)
             mini_metrics: dict[str, list[float]] = {}
-            for mb in mini:
+            for mb_pos, mb in enumerate(mini):
+                # Gradients accumulate unsharded on each rank and are reduce-scattered once, after the last
+                # micro-batch of the mini-batch, instead of once per micro-batch (FSDP2 no-sync accumulation).
+                self.model.transformer.set_requires_gradient_sync(mb_pos == len(mini) - 1)
                 logp = self._recompute(mb, self.model.transformer, grad=True)
                 old = mb["old_logprobs"].to(logp.device)
                 ref = None

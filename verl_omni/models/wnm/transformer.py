@@ -21,6 +21,7 @@ image/geometry projectors are ours.
 from __future__ import annotations
 
 import math
+import types
 from dataclasses import dataclass
 
 import torch
@@ -48,11 +49,15 @@ class WNMContext:
         history_latents: ``[B, C, Th', h, w]`` normalized VAE latents of the 33 history frames.
         encoder_tokens: ``[B, L, D]`` text, image and geometry tokens, already projected to the DiT width.
         encoder_mask: ``[B, L]`` bool, True = attend; None = attend to all.
+        history_kv: Per-block ``(key, value)`` of the history tokens, each ``[B, Nh, heads, head_dim]``, for
+            models with ``history_attention == "isolated"`` (see :meth:`WNMTransformer.history_kv`); None =
+            computed inside the forward.
     """
 
     history_latents: torch.Tensor
     encoder_tokens: torch.Tensor
     encoder_mask: torch.Tensor | None = None
+    history_kv: tuple[tuple[torch.Tensor, torch.Tensor], ...] | None = None
 
     def __post_init__(self) -> None:
         b = self.history_latents.shape[0]
@@ -78,19 +83,31 @@ class WNMContext:
     def select(self, index: torch.Tensor) -> WNMContext:
         """Gathers rows (e.g. ``index = prompt_of_rollout`` to share one encoded prompt across its rollouts)."""
         index = index.to(self.history_latents.device, torch.long)
+        kv = None
+        if self.history_kv is not None:
+            kv = tuple((k.index_select(0, index), v.index_select(0, index)) for k, v in self.history_kv)
         return WNMContext(
             history_latents=self.history_latents.index_select(0, index),
             encoder_tokens=self.encoder_tokens.index_select(0, index),
             encoder_mask=None if self.encoder_mask is None else self.encoder_mask.index_select(0, index),
+            history_kv=kv,
         )
 
     def to(self, device: torch.device | str | None = None, dtype: torch.dtype | None = None) -> WNMContext:
         """Moves tensors; ``dtype`` applies to the float tensors only (the mask stays bool)."""
+        kv = None
+        if self.history_kv is not None:
+            kv = tuple((k.to(device=device, dtype=dtype), v.to(device=device, dtype=dtype)) for k, v in self.history_kv)
         return WNMContext(
             history_latents=self.history_latents.to(device=device, dtype=dtype),
             encoder_tokens=self.encoder_tokens.to(device=device, dtype=dtype),
             encoder_mask=None if self.encoder_mask is None else self.encoder_mask.to(device=device),
+            history_kv=kv,
         )
+
+    def with_history_kv(self, history_kv) -> WNMContext:
+        """The same context carrying precomputed history keys/values (one entry per block)."""
+        return WNMContext(self.history_latents, self.encoder_tokens, self.encoder_mask, tuple(history_kv))
 
 
 def _modulate(x: torch.Tensor, scale: torch.Tensor, shift: torch.Tensor, lengths: list[int] | None) -> torch.Tensor:
@@ -113,6 +130,36 @@ def _gate(x: torch.Tensor, y: torch.Tensor, gate: torch.Tensor, lengths: list[in
     return x + torch.cat([p * gate[:, g : g + 1] for g, p in enumerate(parts)], dim=1)
 
 
+def _apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Wan's rotary embedding on interleaved pairs: ``x [B, S, H, Dh]``, ``cos/sin [1, S, 1, Dh]``."""
+    even, odd = x.unflatten(-1, (-1, 2)).unbind(-1)
+    c, s = cos[..., 0::2], sin[..., 1::2]
+    return torch.stack([even * c - odd * s, even * s + odd * c], dim=-1).flatten(-2).type_as(x)
+
+
+def _self_attention_with_prefix(
+    attn, x: torch.Tensor, rotary_emb: tuple[torch.Tensor, torch.Tensor], prefix_kv
+) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+    """Wan self-attention whose keys/values are ``prefix_kv`` (if given) followed by ``x``'s own.
+
+    The same projections, q/k RMS norms, RoPE and attention dispatch as diffusers' ``WanAttnProcessor``; it
+    also returns ``x``'s own (roped) keys and values so that a later call can attend to them.
+
+    Returns:
+        ``(output [B, S, D], (key, value) [B, S, heads, head_dim])``.
+    """
+    from diffusers.models.attention_dispatch import dispatch_attention_fn
+
+    q = attn.norm_q(attn.to_q(x)).unflatten(2, (attn.heads, -1))
+    k = attn.norm_k(attn.to_k(x)).unflatten(2, (attn.heads, -1))
+    v = attn.to_v(x).unflatten(2, (attn.heads, -1))
+    q, k = _apply_rope(q, *rotary_emb), _apply_rope(k, *rotary_emb)
+    keys, values = (k, v) if prefix_kv is None else (torch.cat([prefix_kv[0], k], 1), torch.cat([prefix_kv[1], v], 1))
+    out = dispatch_attention_fn(q, keys, values, attn_mask=None, dropout_p=0.0, is_causal=False)
+    out = attn.to_out[1](attn.to_out[0](out.flatten(2, 3).type_as(q)))
+    return out, (k, v)
+
+
 class WNMTransformerBlock(WanTransformerBlock):
     """diffusers' ``WanTransformerBlock`` (same modules and keys) with grouped modulation and a context mask.
 
@@ -122,7 +169,17 @@ class WNMTransformerBlock(WanTransformerBlock):
     (fp32 norms and modulation, cast back to the activation dtype); a test checks equality with the parent.
     """
 
-    def forward(  # type: ignore[override]
+    # Activation checkpointing happens inside the block's forward, i.e. inside FSDP2's per-block hooks, so the
+    # recomputation sees the same (already cast, already gathered) inputs as the first pass.
+    activation_checkpointing = False
+
+    def forward(self, *args, **kwargs):  # type: ignore[override]
+        """Runs :meth:`block_forward`, under activation checkpointing when it is on and grad is enabled."""
+        if self.activation_checkpointing and torch.is_grad_enabled():
+            return torch.utils.checkpoint.checkpoint(self.block_forward, *args, use_reentrant=False, **kwargs)
+        return self.block_forward(*args, **kwargs)
+
+    def block_forward(
         self,
         hidden_states: torch.Tensor,
         encoder_hidden_states: torch.Tensor,
@@ -130,7 +187,9 @@ class WNMTransformerBlock(WanTransformerBlock):
         rotary_emb: tuple[torch.Tensor, torch.Tensor],
         encoder_attention_mask: torch.Tensor | None = None,
         group_lengths: list[int] | None = None,
-    ) -> torch.Tensor:
+        prefix_kv: tuple[torch.Tensor, torch.Tensor] | None = None,
+        return_kv: bool = False,
+    ) -> torch.Tensor | tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
         """Runs the block.
 
         Args:
@@ -140,9 +199,12 @@ class WNMTransformerBlock(WanTransformerBlock):
             rotary_emb: ``(cos, sin)`` each ``[1, S, 1, head_dim]``.
             encoder_attention_mask: ``[B, L]`` bool (True = attend) or None.
             group_lengths: Token counts of the G modulation groups, or None for ``temb [B, 6, D]``.
+            prefix_kv: Keys/values ``[B, P, heads, head_dim]`` that self-attention sees before this sequence's
+                own (the history of an ``isolated`` model); the P prefix tokens are not updated.
+            return_kv: Also return this sequence's own self-attention ``(key, value)``.
 
         Returns:
-            ``[B, S, D]``.
+            ``[B, S, D]``, or ``([B, S, D], (key, value))`` with ``return_kv``.
         """
         if temb.ndim == 4:
             if group_lengths is None or len(group_lengths) != temb.shape[1]:
@@ -156,7 +218,13 @@ class WNMTransformerBlock(WanTransformerBlock):
 
         # 1. Self-attention over the joint sequence.
         normed = _modulate(self.norm1(hidden_states.float()), scale_msa, shift_msa, group_lengths)
-        attn_output = self.attn1(normed.type_as(hidden_states), None, None, rotary_emb)
+        kv = None
+        if prefix_kv is None and not return_kv:
+            attn_output = self.attn1(normed.type_as(hidden_states), None, None, rotary_emb)
+        else:
+            attn_output, kv = _self_attention_with_prefix(
+                self.attn1, normed.type_as(hidden_states), rotary_emb, prefix_kv
+            )
         hidden_states = _gate(hidden_states.float(), attn_output, gate_msa, group_lengths).type_as(hidden_states)
 
         # 2. Cross-attention to the context; the mask broadcasts over heads and queries.
@@ -168,7 +236,8 @@ class WNMTransformerBlock(WanTransformerBlock):
         normed = _modulate(self.norm3(hidden_states.float()), c_scale_msa, c_shift_msa, group_lengths)
         ff_output = self.ffn(normed.type_as(hidden_states))
         hidden_states = _gate(hidden_states.float(), ff_output.float(), c_gate_msa, group_lengths)
-        return hidden_states.type_as(encoder_hidden_states)
+        hidden_states = hidden_states.type_as(encoder_hidden_states)
+        return (hidden_states, kv) if return_kv else hidden_states
 
 
 class _FeatureProjector(nn.Module):
@@ -220,8 +289,43 @@ class WNMTransformer(nn.Module):
         self.geometry_projector = (
             _FeatureProjector(config.geometry_dim, d, config.eps) if config.variant == "wnm_3d" else None
         )
-        self.gradient_checkpointing = False
+        self.compiled_blocks = False
+        # "full": every token attends to every token (how Stage II trains). "isolated": history tokens attend
+        # only among themselves, so their per-block keys/values depend on the context alone and are computed
+        # once per prompt (history_kv) instead of at every step of every rollout. That changes the model: a
+        # checkpoint trained with full attention loses the target->history influence; opt-in for speed only.
+        self.history_attention = "full"
         self._rope_cache: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    @property
+    def gradient_checkpointing(self) -> bool:
+        """Activation checkpointing of every block (applied inside each block, see ``WNMTransformerBlock``)."""
+        return all(block.activation_checkpointing for block in self.blocks)
+
+    @gradient_checkpointing.setter
+    def gradient_checkpointing(self, on: bool) -> None:
+        for block in self.blocks:
+            block.activation_checkpointing = bool(on)
+
+    def compile_blocks(self, mode: str | None = None, dynamic: bool | None = None) -> None:
+        """Compiles the transformer block's math with ``torch.compile`` (inductor), once for all blocks.
+
+        One compiled function is shared by every block and bound as each block's ``block_forward``: the blocks have
+        the same code and shapes, so dynamo traces it once (parameters are graph inputs), and each block's
+        ``__call__`` still runs its module hooks eagerly, which is what FSDP2's per-block all-gather and
+        reshard need. Inductor fuses the fp32 norm/modulation/gating chains and the RoPE arithmetic around the
+        bf16 matmuls and attention, the part eager mode spends in many small memory-bound kernels.
+
+        Args:
+            mode: ``torch.compile`` mode (None = default; ``max-autotune-no-cudagraphs`` tunes GEMMs longer).
+            dynamic: Passed to ``torch.compile`` (None = dynamo's automatic dynamic shapes).
+        """
+        if self.compiled_blocks:
+            return
+        compiled = torch.compile(WNMTransformerBlock.block_forward, mode=mode, dynamic=dynamic)
+        for block in self.blocks:
+            block.block_forward = types.MethodType(compiled, block)
+        self.compiled_blocks = True
 
     # ----- layout ---------------------------------------------------------------------------------------
     def _grid(self, latent_shape: tuple[int, ...]) -> tuple[int, int, int]:
@@ -286,6 +390,60 @@ class WNMTransformer(nn.Module):
             masks.append(torch.ones(geometry_features.shape[:2], dtype=torch.bool, device=text_mask.device))
         return torch.cat(tokens, dim=1), torch.cat(masks, dim=1)
 
+    def set_history_attention(self, mode: str) -> None:
+        """``full`` (default, the trained model) or ``isolated`` (history keys/values cached per prompt)."""
+        if mode not in ("full", "isolated"):
+            raise ValueError(f"history_attention must be 'full' or 'isolated', got {mode!r}")
+        self.history_attention = mode
+
+    def history_kv(self, context: WNMContext) -> tuple[tuple[torch.Tensor, torch.Tensor], ...]:
+        """Per-block self-attention keys/values of the history tokens of an ``isolated`` model.
+
+        They depend only on the context (history latents at timestep 0, context tokens) and the weights, so
+        the rollout computes them once per prompt and every step of every rollout reuses them.
+
+        Returns:
+            One ``(key, value)`` per block, each ``[B, Nh, heads, head_dim]`` in the DiT dtype.
+        """
+        dtype = self.patch_embedding.weight.dtype
+        b = context.batch_size
+        x = self._patchify(context.history_latents.to(dtype))
+        nh = x.shape[1]
+        _, proj = self._time_embeddings(torch.zeros(b, device=x.device), dtype)
+        cos, sin = self.rotary_embedding(x.device)
+        rope = (cos[:, :nh], sin[:, :nh])
+        ctx = context.encoder_tokens.to(dtype)
+        kv = []
+        for block in self.blocks:
+            x, block_kv = block(x, ctx, proj[:, 0], rope, context.encoder_mask, None, None, True)
+            kv.append(block_kv)
+        return tuple(kv)
+
+    def _forward_isolated(self, target_latents, actions, sigma, context: WNMContext):
+        """Forward of an ``isolated`` model: only target and action tokens run, over cached history keys/values."""
+        layout = self.sequence_layout()
+        dtype = self.patch_embedding.weight.dtype
+        history = context.history_kv if context.history_kv is not None else self.history_kv(context)
+        x = torch.cat([self._patchify(target_latents.to(dtype)), self.action_embedder(actions.to(dtype))], dim=1)
+        temb, proj = self._time_embeddings(sigma, dtype)
+        cos, sin = self.rotary_embedding(x.device)
+        nh = layout["history"].stop
+        rope = (cos[:, nh:], sin[:, nh:])
+        ctx = context.encoder_tokens.to(dtype)
+        for block, prefix in zip(self.blocks, history, strict=True):
+            x = block(x, ctx, proj[:, 1], rope, context.encoder_mask, None, prefix)
+        nt = layout["target"].stop - layout["target"].start
+        return self._heads(x[:, :nt], x[:, nt:], temb[:, 1:2])
+
+    def _heads(self, xt: torch.Tensor, xa: torch.Tensor, noisy_temb: torch.Tensor):
+        """Output heads: Wan's on the target tokens, ours on the action tokens (``noisy_temb [B, 1, D]``)."""
+        shift, scale = (self.scale_shift_table + noisy_temb.float()).chunk(2, dim=1)
+        xt = (self.norm_out(xt.float()) * (1 + scale) + shift).type_as(xt)
+        v_video = self._unpatchify(self.proj_out(xt), self.config.target_latent_shape)
+        shift, scale = (self.action_scale_shift_table + noisy_temb.float()).chunk(2, dim=1)
+        xa = (self.action_norm_out(xa.float()) * (1 + scale) + shift).type_as(xa)
+        return v_video, self.action_proj_out(xa)
+
     # ----- forward --------------------------------------------------------------------------------------
     def _patchify(self, latents: torch.Tensor) -> torch.Tensor:
         return self.patch_embedding(latents).flatten(2).transpose(1, 2).contiguous()
@@ -347,6 +505,8 @@ class WNMTransformer(nn.Module):
                 f"sigma must be [{b}] and context batch {b}; got {tuple(sigma.shape)}, {context.batch_size}"
             )
 
+        if self.history_attention == "isolated":
+            return self._forward_isolated(target_latents, actions, sigma, context)
         dtype = self.patch_embedding.weight.dtype
         x = torch.cat(
             [
@@ -364,25 +524,10 @@ class WNMTransformer(nn.Module):
         ctx = context.encoder_tokens.to(dtype)
         mask = context.encoder_mask
         for block in self.blocks:
-            if torch.is_grad_enabled() and self.gradient_checkpointing:
-                x = torch.utils.checkpoint.checkpoint(
-                    block, x, ctx, timestep_proj, rope, mask, groups, use_reentrant=False
-                )
-            else:
-                x = block(x, ctx, timestep_proj, rope, mask, groups)
+            x = block(x, ctx, timestep_proj, rope, mask, groups)
 
-        noisy_temb = temb[:, 1:2]  # [B, 1, D]
-        # Wan's output head on the target tokens (history outputs are not used).
-        shift, scale = (self.scale_shift_table + noisy_temb.float()).chunk(2, dim=1)
-        xt = x[:, layout["target"]]
-        xt = (self.norm_out(xt.float()) * (1 + scale) + shift).type_as(xt)
-        v_video = self._unpatchify(self.proj_out(xt), cfg.target_latent_shape)
-        # Our action head, same adaptive-norm form with its own table.
-        shift, scale = (self.action_scale_shift_table + noisy_temb.float()).chunk(2, dim=1)
-        xa = x[:, layout["action"]]
-        xa = (self.action_norm_out(xa.float()) * (1 + scale) + shift).type_as(xa)
-        v_action = self.action_proj_out(xa)
-        return v_video, v_action
+        # History outputs are not used: the heads read the target and action tokens.
+        return self._heads(x[:, layout["target"]], x[:, layout["action"]], temb[:, 1:2])
 
     # ----- Wan weights ----------------------------------------------------------------------------------
     def wan_video_state_keys(self) -> list[str]:

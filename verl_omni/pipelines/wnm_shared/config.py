@@ -120,6 +120,9 @@ class NativeBackendConfig:
             whatever batch a request lands in. ``None`` = on for CPU, off for CUDA.
         chunk_size: Max requests per DiT call when not deterministic (``None`` = whole batch).
         check_finite: Check latents and velocities for NaN/inf after every step.
+        share_prefix: Compute the Euler steps before the SDE window once per distinct initial noise and
+            context row (exact: the branches of a stratum are identical until the window). Off only to
+            measure what it saves.
     """
 
     device: str = "cpu"
@@ -127,6 +130,7 @@ class NativeBackendConfig:
     deterministic: bool | None = None
     chunk_size: int | None = None
     check_finite: bool = True
+    share_prefix: bool = True
 
     def __post_init__(self) -> None:
         if self.dtype not in _DTYPES:

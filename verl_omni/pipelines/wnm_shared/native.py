@@ -25,7 +25,7 @@ from verl_omni.pipelines.wnm_shared.requests import RolloutRequest
 from verl_omni.pipelines.wnm_shared.rng import initial_noise, sde_noise
 from verl_omni.pipelines.wnm_shared.schedule import sigmas_to_timesteps
 from verl_omni.pipelines.wnm_shared.sde import euler_step, sde_step, transition_layer_logprob
-from verl_omni.pipelines.wnm_shared.velocity import check_finite, chunk_slices, joint_velocity
+from verl_omni.pipelines.wnm_shared.velocity import NonFiniteError, check_finite, chunk_slices, joint_velocity
 
 
 def context_rows_count(contexts) -> int | None:
@@ -153,6 +153,8 @@ class NativeRolloutBackend(RolloutBackend):
         validate_requests(requests, self.sampler, context_rows_count(contexts))
         sigmas = self.sampler.sigmas()
         ctx = contexts.to(self.device, self.config.torch_dtype)
+        if getattr(self.transformer, "history_attention", "full") == "isolated" and ctx.history_kv is None:
+            ctx = self._with_history_kv(ctx)
         windows = [() if ode else self.sampler.window(r.seed, r.step) for r in requests]
         # Requests sharing a window run in lockstep; in a training step there is one window.
         groups: dict[tuple[int, ...], list[int]] = {}
@@ -160,9 +162,16 @@ class NativeRolloutBackend(RolloutBackend):
             groups.setdefault(w, []).append(i)
         per_request: list[dict | None] = [None] * len(requests)
         for window, idx in groups.items():
+            # Steps before the window are deterministic Euler steps from x_0: rollouts that share x_0 (the
+            # branches of a stratum) and a context row are identical there, so each distinct trajectory is
+            # computed once and the branches fork at the window. In ODE mode that holds for all K steps.
+            first_sde = window[0] if window else self.sampler.num_steps
+            starts = self._shared_prefix([requests[i] for i in idx], ctx, sigmas, first_sde)
             for sl in chunk_slices(len(idx), self.config.effective_chunk_size):
                 chunk = [requests[i] for i in idx[sl]]
-                for i, out in zip(idx[sl], self._denoise(chunk, ctx, sigmas, window), strict=True):
+                x = torch.stack([starts[j] for j in range(sl.start, sl.stop)])
+                outs = self._denoise(chunk, ctx, sigmas, window, x, first_sde)
+                for i, out in zip(idx[sl], outs, strict=True):
                     per_request[i] = out
         stacked = {k: torch.stack([o[k] for o in per_request]) for k in per_request[0]}
         video, actions_norm = self.layout.split(stacked.pop("final"))
@@ -182,18 +191,100 @@ class NativeRolloutBackend(RolloutBackend):
             weight_version=self._version,
         )
 
-    def _denoise(self, chunk: list[RolloutRequest], ctx, sigmas: torch.Tensor, window: tuple[int, ...]) -> list[dict]:
-        """Runs all ``K`` steps for one chunk of requests sharing ``window``; per-request CPU outputs."""
+    def _with_history_kv(self, ctx):
+        """Computes an ``isolated`` model's history keys/values once per prompt row for all its rollouts.
+
+        In deterministic mode each row is computed on its own (batch of one), like everything else there.
+        """
+        if not self.config.deterministic:
+            return ctx.with_history_kv(self.transformer.history_kv(ctx))
+        rows = [self.transformer.history_kv(ctx.select(torch.tensor([i]))) for i in range(ctx.batch_size)]
+        kv = tuple(
+            (torch.cat([r[b][0] for r in rows]), torch.cat([r[b][1] for r in rows])) for b in range(len(rows[0]))
+        )
+        return ctx.with_history_kv(kv)
+
+    def _prefix_key(self, r: RolloutRequest) -> tuple:
+        """Requests with equal keys start from the same ``x_0`` with the same context row."""
+        branch = None if self.sampler.shared_initial_noise else r.branch
+        return (r.seed, r.step, r.sample_id, r.stratum, branch, r.context_row)
+
+    def _initial_noise(self, r: RolloutRequest) -> torch.Tensor:
+        branch = None if self.sampler.shared_initial_noise else r.branch
+        return initial_noise(r.seed, r.step, r.sample_id, r.stratum, self.layout.numel, branch)
+
+    def _shared_prefix(
+        self, requests: list[RolloutRequest], ctx, sigmas: torch.Tensor, first_sde: int
+    ) -> list[torch.Tensor]:
+        """``x`` entering step ``first_sde`` for every request, computing each distinct prefix once.
+
+        Args:
+            requests: Requests of one window group.
+            ctx: Contexts on the backend's device.
+            sigmas: ``[K + 1]`` schedule.
+            first_sde: First SDE step (``K`` in ODE mode); steps ``[0, first_sde)`` are Euler.
+
+        Returns:
+            ``R`` tensors ``[D]`` fp32 on the backend's device, in request order. With
+            ``NativeBackendConfig.share_prefix`` off every request gets its own prefix (for benchmarks).
+        """
+        keys = [self._prefix_key(r) if self.config.share_prefix else i for i, r in enumerate(requests)]
+        unique: dict = {}
+        for r, k in zip(requests, keys, strict=True):
+            unique.setdefault(k, r)
+        reps = list(unique.values())
+        states: list[torch.Tensor] = []
+        for sl in chunk_slices(len(reps), self.config.effective_chunk_size):
+            chunk = reps[sl]
+            x = torch.stack([self._initial_noise(r) for r in chunk]).to(self.device)
+            try:
+                x = self._euler_steps(chunk, ctx, sigmas, x, 0, first_sde)
+            except NonFiniteError as e:
+                # Name every request that shares a failing prefix, not just the one that computed it.
+                bad = {k for k, r in unique.items() if r.request_id in set(e.request_ids)}
+                affected = [r.request_id for r, k in zip(requests, keys, strict=True) if k in bad]
+                raise NonFiniteError(e.what, affected, e.denoising_step) from e
+            states.extend(x.unbind(0))
+        by_key = dict(zip(unique, states, strict=True))
+        return [by_key[k] for k in keys]
+
+    def _euler_steps(self, chunk, ctx, sigmas: torch.Tensor, x: torch.Tensor, start: int, stop: int) -> torch.Tensor:
+        """Deterministic Euler steps ``[start, stop)`` for one chunk."""
+        if stop <= start:
+            return x
+        ids = [r.request_id for r in chunk]
+        rows = torch.tensor([r.context_row for r in chunk], dtype=torch.int64, device=self.device)
+        chunk_ctx = ctx.select(rows)
+        for i in range(start, stop):
+            s, s_next = float(sigmas[i]), float(sigmas[i + 1])
+            v = joint_velocity(self.transformer, self.layout, x, s, chunk_ctx, self.config.torch_dtype)
+            if self.config.check_finite:
+                check_finite(v, "velocity", ids, i)
+            x = euler_step(x, v, s, s_next)
+            if self.config.check_finite:
+                check_finite(x, "latents", ids, i)
+        return x
+
+    def _denoise(
+        self,
+        chunk: list[RolloutRequest],
+        ctx,
+        sigmas: torch.Tensor,
+        window: tuple[int, ...],
+        x: torch.Tensor,
+        start: int,
+    ) -> list[dict]:
+        """Runs steps ``[start, K)`` for one chunk of requests sharing ``window``; per-request CPU outputs.
+
+        Args:
+            x: ``[B, D]`` fp32 latents entering step ``start`` (the shared prefix's result).
+        """
         ids = [r.request_id for r in chunk]
         dev, numel = self.device, self.layout.numel
         rows = torch.tensor([r.context_row for r in chunk], dtype=torch.int64, device=dev)
         chunk_ctx = ctx.select(rows)
-        shared = self.sampler.shared_initial_noise
-        x = torch.stack(
-            [initial_noise(r.seed, r.step, r.sample_id, r.stratum, numel, None if shared else r.branch) for r in chunk]
-        ).to(dev)
         states, logps, coefs = [], [], []
-        for i in range(self.sampler.num_steps):
+        for i in range(start, self.sampler.num_steps):
             s, s_next = float(sigmas[i]), float(sigmas[i + 1])
             v = joint_velocity(self.transformer, self.layout, x, s, chunk_ctx, self.config.torch_dtype)
             if self.config.check_finite:

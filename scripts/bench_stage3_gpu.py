@@ -1,0 +1,643 @@
+#!/usr/bin/env python
+"""Stage-III GPU benchmark in one run: rollout DiT forward, one counterfactual group, one FSDP2 training step.
+
+Measures, in one process and against references measured in the same run:
+
+  peak   bf16 matrix-product peak (8192^3 GEMM): the denominator of every "fraction of peak" below.
+  (a)    DiT forward at each batch: plain diffusers ``WanTransformer3DModel`` (the anchor, eager) vs our
+         ``WNMTransformer`` eager and with ``compile_blocks()``; model TFLOP/s and the speed-up over the anchor.
+  check  numerics of the fast path on fresh random inputs: bf16 (eager and compiled) velocities and ODE-sampled
+         actions against an fp32 eager copy of the same weights.
+  (b)    one counterfactual group end to end through ``NativeRolloutBackend.generate``: 16 rollouts
+         (4 strata x 4 branches), K denoising steps, an SDE window of W steps; with and without the shared
+         Euler prefix, eager and compiled.
+  (c)    one training step over the group's window transitions on a single-rank FSDP2 model (bf16 params,
+         fp32 master weights and AdamW, fp32 SDE math): recompute log-probs with grad, clipped layer loss,
+         backward, clip, optimizer step; plus |logp_rollout - logp_recomputed| per window step.
+  (d)    peak memory of every phase.
+
+Model FLOPs are counted as 2 x (block parameters) x tokens for the matmuls, plus 4 x S^2 x D (self-attention)
+and 4 x S x L x D (cross-attention) per layer; a training step counts 3 x the forward. Weights are random:
+nothing is downloaded. The last thing printed is the summary table.
+
+    python scripts/bench_stage3_gpu.py --device cuda --size wan2.1-1.3b --compile --out docs/bench/run.txt
+    python scripts/bench_stage3_cpu.py        # the CPU-safe sibling: tiny size, fp32, small batches
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import copy
+import functools
+import json
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--size", default="wan2.1-1.3b", help="WNMConfig size preset (default: wan2.1-1.3b)")
+    p.add_argument("--device", default="cuda", help="cuda[:N] or cpu")
+    p.add_argument("--dtype", default="bfloat16", choices=sorted(DTYPES), help="DiT compute dtype")
+    p.add_argument("--batches", default="1,4,16", help="forward batch sizes for (a)")
+    p.add_argument("--text-tokens", type=int, default=512, help="text context tokens of the diffusers anchor")
+    p.add_argument("--compile", action="store_true", help="also measure torch.compile'd blocks")
+    p.add_argument(
+        "--isolated-history",
+        action="store_true",
+        help="also measure the opt-in history_attention='isolated' model (history keys/values cached per prompt)",
+    )
+    p.add_argument("--num-steps", type=int, default=10, help="denoising steps K of the group")
+    p.add_argument("--window-size", type=int, default=2, help="SDE window steps W")
+    p.add_argument("--window-start", type=int, default=3, help="first SDE step of the (fixed) window")
+    p.add_argument("--micro-batch", type=int, default=4, help="transitions per forward/backward in (c)")
+    p.add_argument("--checkpointing", default="off", help="activation checkpointing in (c): off, on or both")
+    p.add_argument("--ckpt-micro-batch", type=int, default=16, help="transitions per forward/backward with it")
+    p.add_argument("--skip", default="", help="comma-separated parts to skip: a, check, b, c")
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--iters", type=int, default=5)
+    p.add_argument("--out", type=Path, help="also write the whole report to this text file (must not exist)")
+    p.add_argument("--json", type=Path, help="write the measurements as JSON (must not exist)")
+    args = p.parse_args(argv)
+    for path in (args.out, args.json):
+        if path is not None and path.exists():
+            p.error(f"{path} already exists; choose a new file")
+    if args.checkpointing not in ("off", "on", "both"):
+        p.error(f"--checkpointing must be off, on or both, got {args.checkpointing!r}")
+    return args
+
+
+# ----------------------------------------------------------------------------------------- timing helpers
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def reset_peak(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(device)
+
+
+def peak_gib(device: torch.device) -> float:
+    return torch.cuda.max_memory_allocated(device) / 1024**3 if device.type == "cuda" else float("nan")
+
+
+def median_time(fn, device: torch.device, warmup: int, iters: int) -> float:
+    """Median wall seconds of ``fn()`` over ``iters`` runs after ``warmup`` runs (device-synchronized)."""
+    for _ in range(warmup):
+        fn()
+    sync(device)
+    times = []
+    for _ in range(iters):
+        t = time.perf_counter()
+        fn()
+        sync(device)
+        times.append(time.perf_counter() - t)
+    return sorted(times)[len(times) // 2]
+
+
+def timed_once(fn, device: torch.device) -> tuple[float, object]:
+    sync(device)
+    t = time.perf_counter()
+    out = fn()
+    sync(device)
+    return time.perf_counter() - t, out
+
+
+def matmul_peak_tflops(device: torch.device, dtype: torch.dtype) -> float:
+    """Achieved TFLOP/s of a square GEMM (8192 on GPU, 1024 on CPU): the ceiling this run can reach."""
+    n = 8192 if device.type == "cuda" else 1024
+    a = torch.randn(n, n, device=device, dtype=dtype)
+    b = torch.randn(n, n, device=device, dtype=dtype)
+    t = median_time(lambda: a @ b, device, 3, 10)
+    return 2 * n**3 / t / 1e12
+
+
+# ----------------------------------------------------------------------------------------- FLOP model
+def block_params(blocks) -> int:
+    return sum(p.numel() for p in blocks.parameters())
+
+
+def forward_flops(n_block_params: int, batch: int, seq: int, ctx: int, dim: int, layers: int) -> float:
+    """Model FLOPs of one DiT forward: block matmuls + self- and cross-attention score/value products."""
+    linear = 2.0 * n_block_params * batch * seq
+    attn = layers * batch * (4.0 * seq * seq * dim + 4.0 * seq * ctx * dim)
+    return linear + attn
+
+
+# ----------------------------------------------------------------------------------------- models
+def build_ours(cfg, device, dtype, seed: int = 0):
+    from verl_omni.models.wnm import WNMTransformer
+
+    torch.manual_seed(seed)
+    return WNMTransformer(cfg).to(device=device, dtype=dtype).eval()
+
+
+def build_anchor(cfg, device, dtype, text_tokens: int):
+    from diffusers import WanTransformer3DModel
+
+    torch.manual_seed(0)
+    model = WanTransformer3DModel(
+        patch_size=cfg.patch_size,
+        num_attention_heads=cfg.num_heads,
+        attention_head_dim=cfg.head_dim,
+        in_channels=cfg.latent_channels,
+        out_channels=cfg.latent_channels,
+        text_dim=cfg.text_dim,
+        freq_dim=cfg.freq_dim,
+        ffn_dim=cfg.ffn_dim,
+        num_layers=cfg.num_layers,
+        cross_attn_norm=True,
+        eps=cfg.eps,
+    )
+    return model.to(device=device, dtype=dtype).eval()
+
+
+def random_context(cfg, batch: int, device, dtype, seed: int = 1):
+    from verl_omni.models.wnm import WNMContext
+
+    g = torch.Generator().manual_seed(seed)
+    return WNMContext(
+        history_latents=torch.randn(batch, *cfg.history_latent_shape, generator=g).to(device, dtype),
+        encoder_tokens=torch.randn(batch, cfg.context_tokens, cfg.dim, generator=g).to(device, dtype),
+        encoder_mask=torch.ones(batch, cfg.context_tokens, dtype=torch.bool, device=device),
+    )
+
+
+# ----------------------------------------------------------------------------------------- (a) forward
+def bench_forward(cfg, args, device, dtype, ours, ours_compiled, ours_isolated, anchor, peak: float) -> list[dict]:
+    rows = []
+    nh, nt, na = cfg.history_tokens, cfg.target_tokens, cfg.action_steps
+    for b in [int(v) for v in args.batches.split(",") if v.strip()]:
+        entries = []
+        if anchor is not None:
+            c, th, h, w = cfg.history_latent_shape
+            video = torch.randn(b, c, th + cfg.target_latent_shape[1], h, w, device=device, dtype=dtype)
+            text = torch.randn(b, args.text_tokens, cfg.text_dim, device=device, dtype=dtype)
+            t = torch.rand(b, device=device) * 1000
+
+            def run_anchor(video=video, t=t, text=text):
+                with torch.no_grad():
+                    anchor(video, t, text, return_dict=False)
+
+            flops = forward_flops(block_params(anchor.blocks), b, nh + nt, args.text_tokens, cfg.dim, cfg.num_layers)
+            entries.append(("diffusers Wan (anchor)", run_anchor, flops, nh + nt))
+        ctx = random_context(cfg, b, device, dtype)
+        x = torch.randn(b, *cfg.target_latent_shape, device=device, dtype=dtype)
+        a = torch.randn(b, cfg.action_steps, cfg.action_channels, device=device, dtype=dtype)
+        s = torch.rand(b, device=device)
+        flops = forward_flops(block_params(ours.blocks), b, nh + nt + na, cfg.context_tokens, cfg.dim, cfg.num_layers)
+        for name, model in (("WNM eager", ours), ("WNM compiled", ours_compiled)):
+            if model is None:
+                continue
+
+            def run(model=model, x=x, a=a, s=s, ctx=ctx):
+                with torch.no_grad():
+                    model(x, a, s, ctx)
+
+            entries.append((name, run, flops, nh + nt + na))
+        if ours_isolated is not None:
+            # The per-prompt history pass runs once per prompt and weight version, outside the per-step forward.
+            def hist(ctx=ctx):
+                with torch.no_grad():
+                    return ours_isolated.history_kv(ctx)
+
+            kv = hist()
+            t_hist = median_time(hist, device, 1, 3)
+            print(f"  (a) batch {b:>2} isolated history pass (once per prompt) {t_hist * 1e3:.1f} ms", flush=True)
+            ctx_iso = ctx.with_history_kv(kv)
+
+            def run_iso(x=x, a=a, s=s, ctx=ctx_iso):
+                with torch.no_grad():
+                    ours_isolated(x, a, s, ctx)
+
+            # Model FLOPs of the work it replaces (the full forward), so TFLOP/s reads as an effective rate.
+            entries.append(("WNM isolated history", run_iso, flops, nt + na))
+        anchor_t = None
+        for name, fn, fl, seq in entries:
+            reset_peak(device)
+            if name in ("WNM compiled", "WNM isolated history"):
+                first, _ = timed_once(fn, device)  # includes compiling this shape
+            else:
+                first = None
+            t = median_time(fn, device, args.warmup, args.iters)
+            anchor_t = t if name.startswith("diffusers") else anchor_t
+            rows.append(
+                {
+                    "batch": b,
+                    "model": name,
+                    "tokens": seq,
+                    "seconds": t,
+                    "tflops": fl / t / 1e12,
+                    "frac_peak": fl / t / 1e12 / peak,
+                    "speedup_vs_anchor": (anchor_t / t) if anchor_t else float("nan"),
+                    "first_call_s": first,
+                    "peak_gib": peak_gib(device),
+                }
+            )
+            print(
+                f"  (a) batch {b:>2} {name:<24} {t * 1e3:9.1f} ms  {fl / t / 1e12:7.1f} TFLOP/s"
+                + (f"  first call {first:.1f} s" if first is not None else ""),
+                flush=True,
+            )
+    return rows
+
+
+# ----------------------------------------------------------------------------------------- numerics check
+def relative_error(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a.double() - b.double()).norm() / b.double().norm().clamp_min(1e-30))
+
+
+def check_numerics(cfg, args, device, dtype, ours, ours_compiled, ours_isolated=None) -> dict:
+    """Fast paths vs an fp32 eager copy of the same weights, on fresh random inputs."""
+    from verl_omni.data.actions import ActionLayout, ActionNormalization
+    from verl_omni.pipelines.wnm_shared import NativeBackendConfig, NativeRolloutBackend, SamplerConfig
+    from verl_omni.pipelines.wnm_shared.requests import stratified_requests
+
+    ref = copy.deepcopy(ours).float()  # same weights (bf16-rounded), evaluated in fp32
+    b = 2
+    ctx = random_context(cfg, b, device, torch.float32, seed=11)
+    x = torch.randn(b, *cfg.target_latent_shape, device=device)
+    a = torch.randn(b, cfg.action_steps, cfg.action_channels, device=device)
+    s = torch.tensor([0.9, 0.35], device=device)
+    out = {}
+    with torch.no_grad():
+        rv, ra = ref(x, a, s, ctx)
+        for name, model in (("eager", ours), ("compiled", ours_compiled)):
+            if model is None:
+                continue
+            v, va = model(x.to(dtype), a.to(dtype), s, ctx.to(device, dtype))
+            out[f"velocity_rel_err_{name}"] = relative_error(v, rv)
+            out[f"action_velocity_rel_err_{name}"] = relative_error(va, ra)
+        if ours_isolated is not None:  # against its own fp32 eager reference (it is a different model)
+            ref.set_history_attention("isolated")
+            rv, ra = ref(x, a, s, ctx)
+            v, va = ours_isolated(x.to(dtype), a.to(dtype), s, ctx.to(device, dtype))
+            out["velocity_rel_err_isolated"] = relative_error(v, rv)
+            out["action_velocity_rel_err_isolated"] = relative_error(va, ra)
+            ref.set_history_attention("full")
+    # Whole ODE sampler: actions of 4 rollouts (one per stratum) through the backend.
+    norm = ActionNormalization(mean=(0.0, 0.0, 0.0, 0.5), std=(1.0, 1.0, 1.0, 0.5))
+    sampler = SamplerConfig(num_steps=args.num_steps)
+    layout = ActionLayout(steps=cfg.action_steps, chunks=cfg.action_chunks)
+    reqs = stratified_requests(["check"], 7, 0, 4, 1)
+    ctx1 = random_context(cfg, 1, device, torch.float32, seed=12)
+
+    def sample(model, dt):
+        backend = NativeRolloutBackend(
+            model,
+            tuple(cfg.target_latent_shape),
+            norm,
+            sampler,
+            NativeBackendConfig(device=str(device), dtype=dt, deterministic=False),
+            layout,
+        )
+        return backend.generate(reqs, ctx1, ode=True).actions_normalized
+
+    ref_actions = sample(ref, "float32")
+    for name, model in (("eager", ours), ("compiled", ours_compiled)):
+        if model is None:
+            continue
+        got = sample(model, args.dtype)
+        out[f"ode_action_max_abs_{name}"] = float((got - ref_actions).abs().max())
+        out[f"ode_action_rel_err_{name}"] = relative_error(got, ref_actions)
+    out["ode_action_rms_ref"] = float(ref_actions.double().pow(2).mean().sqrt())
+    del ref
+    for k, v in out.items():
+        print(f"  check {k:<32} {v:.3e}", flush=True)
+    return out
+
+
+# ----------------------------------------------------------------------------------------- (b) group
+def make_group(cfg, args):
+    from verl_omni.pipelines.wnm_shared import SamplerConfig
+    from verl_omni.pipelines.wnm_shared.requests import stratified_requests
+
+    sampler = SamplerConfig(
+        num_steps=args.num_steps,
+        window_strategy="fixed",
+        window_start=args.window_start,
+        window_size=args.window_size,
+    )
+    return sampler, stratified_requests(["bench"], 1, 0, 4, 4)
+
+
+def backend_for(cfg, model, sampler, device, dtype_name: str, share_prefix: bool, chunk: int = 16):
+    from verl_omni.data.actions import ActionLayout, ActionNormalization
+    from verl_omni.pipelines.wnm_shared import NativeBackendConfig, NativeRolloutBackend
+
+    norm = ActionNormalization(mean=(0.0, 0.0, 0.0, 0.5), std=(1.0, 1.0, 1.0, 0.5))
+    return NativeRolloutBackend(
+        model,
+        tuple(cfg.target_latent_shape),
+        norm,
+        sampler,
+        NativeBackendConfig(
+            device=str(device), dtype=dtype_name, deterministic=False, chunk_size=chunk, share_prefix=share_prefix
+        ),
+        ActionLayout(steps=cfg.action_steps, chunks=cfg.action_chunks),
+    )
+
+
+def bench_group(cfg, args, device, dtype, ours, ours_compiled, ours_isolated, peak) -> tuple[list[dict], object]:
+    sampler, reqs = make_group(cfg, args)
+    ctx = random_context(cfg, 1, device, dtype, seed=21)
+    k, w, s0 = args.num_steps, args.window_size, args.window_start
+    # DiT rows evaluated: without sharing 16 x K; with it 4 strata x s0 prefix steps + 16 x (K - s0).
+    n_block = block_params(ours.blocks)
+    seq = cfg.history_tokens + cfg.target_tokens + cfg.action_steps
+    per_row = forward_flops(n_block, 1, seq, cfg.context_tokens, cfg.dim, cfg.num_layers)
+    rows = []
+    variants = [("eager, no prefix sharing", ours, False), ("eager", ours, True)]
+    if ours_compiled is not None:
+        variants.append(("compiled", ours_compiled, True))
+    if ours_isolated is not None:
+        variants.append(("isolated history", ours_isolated, True))
+    for name, model, share in variants:
+        backend = backend_for(cfg, model, sampler, device, args.dtype, share)
+        dit_rows = 16 * k if not share else 4 * s0 + 16 * (k - s0)
+        reset_peak(device)
+        t = median_time(lambda backend=backend: backend.generate(reqs, ctx), device, 1, max(2, args.iters // 2))
+        fl = per_row * dit_rows
+        rows.append(
+            {
+                "variant": name,
+                "seconds": t,
+                "rollouts_per_s": 16 / t,
+                "dit_rows": dit_rows,
+                "tflops": fl / t / 1e12,
+                "frac_peak": fl / t / 1e12 / peak,
+                "peak_gib": peak_gib(device),
+            }
+        )
+        print(f"  (b) group {name:<26} {t:7.3f} s  {16 / t:6.2f} rollouts/s  DiT rows {dit_rows}", flush=True)
+    return rows, (sampler, reqs, ctx, w)
+
+
+# ----------------------------------------------------------------------------------------- (c) training
+@contextlib.contextmanager
+def single_rank_group(device: torch.device):
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        yield
+        return
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", str(29500 + os.getpid() % 1000))
+    dist.init_process_group("nccl" if device.type == "cuda" else "gloo", rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+def train_step(model, opt, layout, res, ctx32, adv, loss_cfg, mb: int, device, diffs: list | None) -> None:
+    """One PPO optimizer step over all transitions of ``res`` in micro-batches of ``mb`` (the actor's update)."""
+    from verl_omni.trainer.diffusion.loss import clipped_layer_loss
+    from verl_omni.trainer.diffusion.recompute import recompute_layer_logprobs
+
+    n = len(res)
+    model.train()
+    opt.zero_grad(set_to_none=True)
+    for lo in range(0, n, mb):
+        sel = slice(lo, min(lo + mb, n))
+        logp = recompute_layer_logprobs(
+            model,
+            layout,
+            res.window_states[sel],
+            res.window_steps[sel],
+            res.noise_coefs[sel],
+            res.sigmas,
+            ctx32,
+            res.context_rows[sel],
+            dtype=torch.float32,
+            device=device,
+            chunk_size=None,
+        )
+        old = res.logprobs[sel].to(device)
+        if diffs is not None:
+            diffs.append((logp.detach() - old).abs().mean(dim=(0, 2)).cpu())  # [W]: mean over rows and layers
+        out = clipped_layer_loss(logp, old, adv[sel].to(device), loss_cfg)
+        (out.loss * ((sel.stop - sel.start) / n)).backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    opt.step()
+    model.eval()
+
+
+def bench_train(cfg, args, device, dtype, group, peak: float) -> list[dict]:
+    """One optimizer step over the group's 16 x W window transitions, FSDP2 on one rank (the actor's setup)."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    from verl_omni.trainer.diffusion.config import LossConfig
+
+    sampler, reqs, ctx_lp, w = group
+    seq = cfg.history_tokens + cfg.target_tokens + cfg.action_steps
+    modes = {"off": [False], "on": [True], "both": [False, True]}[args.checkpointing]
+    variants = [(ckpt, False) for ckpt in modes]
+    if args.compile:
+        variants += [(ckpt, True) for ckpt in modes]
+    rows = []
+    with single_rank_group(device):
+        mesh = init_device_mesh(device.type, (1,))
+        for ckpt, compiled in variants:
+            name = ("compiled" if compiled else "eager") + (" + act. ckpt" if ckpt else "")
+            model = build_ours(cfg, device, torch.float32)  # fp32 master weights, as the actor holds them
+            model.gradient_checkpointing = ckpt
+            mp = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)
+            for block in model.blocks:
+                fully_shard(block, mesh=mesh, mp_policy=mp)
+            fully_shard(model, mesh=mesh, mp_policy=mp)
+            if compiled:
+                model.compile_blocks()
+            opt = torch.optim.AdamW(model.parameters(), lr=1e-6)
+            # The rollout runs the same FSDP module (fp32 storage, bf16 compute), as the colocated actor does.
+            backend = backend_for(cfg, model, sampler, device, "float32", True)
+            reset_peak(device)
+            ctx32 = ctx_lp.to(device, torch.float32)
+            t_roll, res = timed_once(functools.partial(backend.generate, reqs, ctx32), device)
+            roll_peak = peak_gib(device)
+            gen = torch.Generator().manual_seed(5)
+            adv = torch.randn(len(reqs), res.logprobs.shape[-1], generator=gen).clamp(-2, 2)
+            loss_cfg = LossConfig()
+            n = len(reqs)
+            mb = max(1, min(args.ckpt_micro_batch if ckpt else args.micro_batch, n))
+            diffs: list[torch.Tensor] = []
+
+            reset_peak(device)
+            args_step = (model, opt, backend.layout, res, ctx32, adv, loss_cfg, mb, device)
+            # First step: compiles (if on) and records the rollout-vs-recomputed log-prob gap.
+            t_first, _ = timed_once(functools.partial(train_step, *args_step, diffs), device)
+            times = []
+            for _ in range(2):
+                t, _ = timed_once(functools.partial(train_step, *args_step, None), device)
+                times.append(t)
+            t = sorted(times)[len(times) // 2]
+            fl = 3 * forward_flops(block_params(model.blocks), n * w, seq, cfg.context_tokens, cfg.dim, cfg.num_layers)
+            per_step = torch.stack(diffs).mean(0)
+            row = {
+                "variant": name,
+                "seconds": t,
+                "first_step_s": t_first,
+                "transitions": n * w,
+                "micro_batch": mb,
+                "tflops": fl / t / 1e12,
+                "frac_peak": fl / t / 1e12 / peak,
+                "peak_gib": peak_gib(device),
+                "rollout_s": t_roll,
+                "rollout_peak_gib": roll_peak,
+                "logp_abs_diff_per_step": [float(v) for v in per_step],
+            }
+            rows.append(row)
+            print(
+                f"  (c) train {name:<22} {t:7.3f} s  {row['tflops']:7.1f} TFLOP/s  {row['frac_peak']:.1%} of peak  "
+                f"peak {row['peak_gib']:.1f} GiB  |dlogp| per step {[f'{v:.2e}' for v in per_step.tolist()]}",
+                flush=True,
+            )
+            del model, opt, backend, res, args_step
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+    return rows
+
+
+# ----------------------------------------------------------------------------------------- report
+def environment(device: torch.device) -> dict:
+    import diffusers
+
+    env = {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "diffusers": diffusers.__version__,
+        "cuda": torch.version.cuda,
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu",
+        "sdpa_backends": {
+            "flash": torch.backends.cuda.flash_sdp_enabled(),
+            "cudnn": torch.backends.cuda.cudnn_sdp_enabled(),
+            "mem_efficient": torch.backends.cuda.mem_efficient_sdp_enabled(),
+        },
+    }
+    return env
+
+
+def summary(args, cfg, env, peak, fwd, check, group, train) -> str:
+    lines = [
+        f"Stage-III GPU benchmark: size {cfg.size}, {args.dtype}, device {env['device']}, torch {env['torch']}, "
+        f"diffusers {env['diffusers']}, CUDA {env['cuda']}",
+        f"sequence: {cfg.history_tokens} history + {cfg.target_tokens} target video tokens + {cfg.action_steps} "
+        f"action tokens; context {cfg.context_tokens} tokens (anchor: {args.text_tokens} text tokens)",
+        f"measured {args.dtype} matmul peak: {peak:.1f} TFLOP/s",
+        "",
+        "(a) DiT forward",
+        f"{'batch':>5}  {'model':<24}{'ms':>9}{'TFLOP/s':>9}{'of peak':>9}{'x anchor':>10}{'peak GiB':>10}",
+    ]
+    for r in fwd:
+        lines.append(
+            f"{r['batch']:>5}  {r['model']:<24}{r['seconds'] * 1e3:>9.1f}{r['tflops']:>9.1f}{r['frac_peak']:>9.1%}"
+            f"{r['speedup_vs_anchor']:>9.2f}x{r['peak_gib']:>10.1f}"
+        )
+    if check:
+        lines += ["", "numerics vs fp32 eager (same weights, fresh random inputs)"]
+        lines += [f"  {k:<34}{v:.3e}" for k, v in check.items()]
+    if group:
+        lines += [
+            "",
+            f"(b) one counterfactual group: 16 rollouts, K={args.num_steps}, window {args.window_size} steps from "
+            f"step {args.window_start}",
+            f"  {'variant':<26}{'s':>8}{'rollouts/s':>12}{'DiT rows':>10}{'TFLOP/s':>9}{'of peak':>9}{'peak GiB':>10}",
+        ]
+        for r in group:
+            lines.append(
+                f"  {r['variant']:<26}{r['seconds']:>8.3f}{r['rollouts_per_s']:>12.2f}{r['dit_rows']:>10}"
+                f"{r['tflops']:>9.1f}{r['frac_peak']:>9.1%}{r['peak_gib']:>10.1f}"
+            )
+    if train:
+        lines += [
+            "",
+            "(c) FSDP2 training step (1 rank) over the group's window transitions",
+            f"  {'variant':<22}{'s':>8}{'trans.':>7}{'mb':>4}{'TFLOP/s':>9}{'of peak':>9}{'peak GiB':>10}"
+            f"{'first s':>9}  |logp_rollout - logp_recomputed| per window step",
+        ]
+        for r in train:
+            lines.append(
+                f"  {r['variant']:<22}{r['seconds']:>8.3f}{r['transitions']:>7}{r['micro_batch']:>4}{r['tflops']:>9.1f}"
+                f"{r['frac_peak']:>9.1%}{r['peak_gib']:>10.1f}{r['first_step_s']:>9.1f}  "
+                + ", ".join(f"{v:.2e}" for v in r["logp_abs_diff_per_step"])
+            )
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    from verl_omni.models.wnm import WNMConfig
+
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        print("error: --device cuda but CUDA is not available; use scripts/bench_stage3_cpu.py", file=sys.stderr)
+        return 2
+    try:
+        cfg = WNMConfig.from_size(args.size)
+    except ValueError as e:
+        print(f"error: --size: {e}", file=sys.stderr)
+        return 2
+    skip = {s.strip() for s in args.skip.split(",") if s.strip()}
+    dtype = DTYPES[args.dtype]
+    env = environment(device)
+    print(f"environment: {json.dumps(env)}", flush=True)
+    peak = matmul_peak_tflops(device, dtype)
+    print(f"  matmul peak {peak:.1f} TFLOP/s", flush=True)
+    ours = build_ours(cfg, device, dtype)
+    ours_compiled = ours_isolated = None
+    if args.compile:
+        ours_compiled = copy.deepcopy(ours)
+        ours_compiled.compile_blocks()
+    if args.isolated_history:
+        ours_isolated = copy.deepcopy(ours)
+        ours_isolated.set_history_attention("isolated")
+        if args.compile:
+            ours_isolated.compile_blocks()
+    fwd, check, group_rows, train_rows, group = [], {}, [], [], None
+    if "a" not in skip:
+        anchor = build_anchor(cfg, device, dtype, args.text_tokens)
+        fwd = bench_forward(cfg, args, device, dtype, ours, ours_compiled, ours_isolated, anchor, peak)
+        del anchor
+        reset_peak(device)
+    if "check" not in skip:
+        check = check_numerics(cfg, args, device, dtype, ours, ours_compiled, ours_isolated)
+    if "b" not in skip or "c" not in skip:
+        group_rows, group = bench_group(cfg, args, device, dtype, ours, ours_compiled, ours_isolated, peak)
+        if "b" in skip:
+            group_rows = []
+    del ours, ours_compiled, ours_isolated
+    reset_peak(device)
+    if "c" not in skip:
+        train_rows = bench_train(cfg, args, device, dtype, group, peak)
+    report = summary(args, cfg, env, peak, fwd, check, group_rows, train_rows)
+    print()
+    print(report)
+    if args.out is not None:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = args.out.with_name(args.out.name + ".partial")
+        tmp.write_text(report + "\n")
+        tmp.rename(args.out)
+    if args.json is not None:
+        data = {"args": {k: str(v) for k, v in vars(args).items()}, "environment": env, "matmul_peak_tflops": peak}
+        data.update({"forward": fwd, "numerics": check, "group": group_rows, "train": train_rows})
+        tmp = args.json.with_name(args.json.name + ".partial")
+        with open(tmp, "w") as f:
+            json.dump(data, f, indent=1, default=float)
+        tmp.rename(args.json)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
