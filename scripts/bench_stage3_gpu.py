@@ -613,10 +613,11 @@ def main(argv=None) -> int:
         reset_peak(device)
     if "check" not in skip:
         check = check_numerics(cfg, args, device, dtype, ours, ours_compiled, ours_isolated)
-    if "b" not in skip or "c" not in skip:
+    if "b" not in skip:
         group_rows, group = bench_group(cfg, args, device, dtype, ours, ours_compiled, ours_isolated, peak)
-        if "b" in skip:
-            group_rows = []
+    elif "c" not in skip:  # (c) only needs the group's requests and context, not (b)'s timings
+        sampler, reqs = make_group(cfg, args)
+        group = (sampler, reqs, random_context(cfg, 1, device, dtype, seed=21), args.window_size)
     del ours, ours_compiled, ours_isolated
     reset_peak(device)
     if "c" not in skip:

@@ -89,6 +89,34 @@ def test_two_steps_write_checkpoints_metrics_and_change_parameters(trained_run):
     assert len(changed) > len(base) // 2, f"only {len(changed)} of {len(base)} tensors changed"
 
 
+def test_recomputed_old_logprobs_cover_each_rollout_once_and_match(stage3_workspace, tmp_path):
+    # 1 prompt = 16 rollouts over 2 ranks, 2 PPO epochs: old log-probs are recomputed once per rollout (16, not
+    # 2 x 16), and on CPU in fp32 with the rollout's chunking they equal the rollout's bit for bit.
+    over = {
+        "trainer.total_steps": 1,
+        "trainer.save_freq": 0,
+        "trainer.val_freq": 0,
+        "trainer.log_media_freq": 0,
+        "topology.prompts_per_step": 1,
+        "topology.ppo_mini_batch_prompts": 1,
+        "topology.micro_batch_rollouts": 8,
+        "rollout.num_steps": 3,
+        "rollout.window.range": [0, 2],
+        "rollout.window.size": 1,
+        "algorithm.recompute_old_logp": True,
+        "algorithm.ppo_epochs": 2,
+    }
+    write_trainer_config(tmp_path / "cfg" / "run.yaml", stage3_workspace, tmp_path / "out", **over)
+    run_cli(
+        ["-m", "verl_omni.trainer.main_stage3", "--config-path", str(tmp_path / "cfg"), "--config-name", "run"],
+        timeout=900,
+    )
+    m = _metrics(tmp_path / "out")[1]
+    assert m["actor/old_logp_recomputed_rollouts"] == 16.0
+    assert m["actor/logp_abs_diff_rollout_vs_recomputed"] == 0.0
+    assert m["actor/logp_abs_diff_first_minibatch"] == 0.0
+
+
 def _start(cfg_dir: Path, ray_tmp: str) -> subprocess.Popen:
     env = {**os.environ, "PYTHONHASHSEED": "0", "OMP_NUM_THREADS": "1", "WAM_RAY_TMPDIR": ray_tmp}
     env.pop("RAY_ADDRESS", None)

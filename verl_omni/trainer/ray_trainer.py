@@ -369,8 +369,21 @@ class Stage3Trainer:
             )
         return out
 
-    def _plan_updates(self, results, contexts, adv_result, old_logp: torch.Tensor, step: int):
-        """Per-rank payloads: for each PPO epoch and mini-batch of whole prompt groups, equal rank shares."""
+    def _plan_updates(
+        self,
+        results,
+        contexts,
+        adv_result,
+        old_logp: torch.Tensor,
+        step: int,
+        epochs: int | None = None,
+        skip_zero_signal: bool = True,
+    ):
+        """Per-rank payloads: for each PPO epoch and mini-batch of whole prompt groups, equal rank shares.
+
+        ``epochs`` defaults to ``algorithm.ppo_epochs``; recomputing old log-probs plans one epoch without
+        skipping, so that every transition is evaluated exactly once.
+        """
         g = self.cfg.topology.world_size
         keys = results.sample_ids
         rows_of: dict[str, list[int]] = defaultdict(list)
@@ -379,11 +392,11 @@ class Stage3Trainer:
         zero = {k for k, z in zip(adv_result.prompt_keys, adv_result.zero_signal_prompts.tolist(), strict=True) if z}
         per_rank: list[list] = [[] for _ in range(g)]
         skipped = 0
-        for epoch in range(self.cfg.algorithm.ppo_epochs):
+        for epoch in range(self.cfg.algorithm.ppo_epochs if epochs is None else epochs):
             for group in minibatch_prompt_groups(
                 keys, self.cfg.topology.ppo_mini_batch_prompts, self.cfg.trainer.seed, step, epoch
             ):
-                if all(k in zero for k in group):
+                if skip_zero_signal and all(k in zero for k in group):
                     # Every prompt group of this mini-batch has constant rewards on every layer: all
                     # advantages are 0, so the update would be a no-op. Skipped on all ranks alike.
                     skipped += 1
@@ -543,13 +556,15 @@ class Stage3Trainer:
         old_logp = results.logprobs
         t0 = time.perf_counter()
         if cfg.algorithm.recompute_old_logp:
-            payloads, _ = self._plan_updates(results, contexts, adv, old_logp, step)
+            # One pass over every transition (not one per PPO epoch): the pre-update weights are the same.
+            payloads, _ = self._plan_updates(results, contexts, adv, old_logp, step, epochs=1, skip_zero_signal=False)
             flat = [[mb for mini in p for mb in mini] for p in payloads]
             recomputed = self._call("old_logp", self.actor_wg.compute_logprobs, flat)
             order = [i for p in payloads for mini in p for mb in mini for i in _ids_to_idx(mb, results)]
             new_old = old_logp.clone()
             new_old[torch.tensor(order)] = torch.cat([t for r in recomputed for t in r])
             m["actor/logp_abs_diff_rollout_vs_recomputed"] = float((new_old - old_logp).abs().max())
+            m["actor/old_logp_recomputed_rollouts"] = float(len(order))
             old_logp = new_old
         m["timing/old_logp_s"] = self._timed("old_logp", t0)
 
