@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 
 from verl_omni.trainer.contract_check import (
     LOCKED_CONSTANTS,
     Report,
+    Settings,
+    check_config,
     check_environment,
     flatten,
     locked_constant_problems,
@@ -120,3 +123,26 @@ def test_vllm_omni_backend_without_the_extra_is_refused(monkeypatch):
     report = Report()
     check_environment({"WAM_ROLLOUT_BACKEND": "native"}, report, "")
     assert "WAM_ROLLOUT_BACKEND" not in dict(report.failures)
+
+
+def test_gpu_plan_notes_rollout_and_update_batch_shapes_that_differ(monkeypatch, tmp_path):
+    # 1 node x 8 GPUs: 8 prompts x 16 rollouts, mini-batch 8 prompts -> 16 rollouts per rank; micro 8 (recipe
+    # target) while the rollout evaluates 16 per DiT call, so the recomputed bf16 log-probs use another shape.
+    env = {
+        "WNM3D_INITIAL_CHECKPOINT": str(tmp_path),
+        "WAM_DATA_CONTRACT_CHECKPOINT": str(tmp_path),
+        "WAM_DATA_ROOT": str(tmp_path),
+        "WAM_EVENT_VAL_FILE": str(tmp_path / "v.parquet"),
+        "WAM_EXPECTED_TRAIN_SIZE": "1024",
+        "WAM_VAL_MAX_SAMPLES": "8",
+        "WAM_OUTPUT_DIR": str(tmp_path / "out"),
+        "WAM_GPUS_PER_NODE": "8",
+    }
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    report = Report()
+    config_dir = Path(__file__).resolve().parents[2] / "recipes" / "wnm_3d" / "stage3" / "config"
+    plan = check_config(Settings(ints={"WAM_EXPECTED_TRAIN_SIZE": 1024}), env, config_dir, report)
+    assert plan is not None and report.success, report.failures
+    notes = [n for n in report.notes if "rollout.micro_batch_size=16" in n]
+    assert len(notes) == 1 and "topology.micro_batch_rollouts=8" in notes[0]

@@ -686,6 +686,15 @@ def check_config(s: Settings, env: Mapping[str, str], config_dir: Path, report: 
     ]
     resolved = copy.deepcopy(tree)
     resolved["topology"].update(plan.topology_section())
+    rollout_chunk = int(tree["rollout"]["micro_batch_size"])
+    if gpus > 0 and plan.micro_batch_rollouts != rollout_chunk:
+        # bf16 GEMMs round differently for different batch sizes: only equal shapes give ratio == 1 exactly.
+        report.note(
+            f"rollout.micro_batch_size={rollout_chunk} differs from the resolved topology.micro_batch_rollouts="
+            f"{plan.micro_batch_rollouts}: on GPUs the update recomputes window log-probs at another batch shape "
+            "than the rollout, so bf16 ratios start near 1 (about 3e-4 in log-prob at Wan-1.3B) rather than "
+            "exactly 1; equal values (with actor.gradient_checkpointing) make them exact (docs/benchmarks.md)"
+        )
     try:
         trainer_config_from_dict(copy.deepcopy(resolved))
     except (ConfigError, TypeError, ValueError) as e:
