@@ -45,6 +45,19 @@ REQUIRED_TAGS = [
 ]
 
 
+# Smallest plan that still exercises everything: 1 prompt (16 rollouts over 2 ranks), 3 denoising steps.
+SMALLEST_PLAN = {
+    "trainer.val_freq": 0,
+    "trainer.log_media_freq": 0,
+    "topology.prompts_per_step": 1,
+    "topology.ppo_mini_batch_prompts": 1,
+    "topology.micro_batch_rollouts": 8,
+    "rollout.num_steps": 3,
+    "rollout.window.range": [0, 2],
+    "rollout.window.size": 1,
+}
+
+
 def _metrics(out: Path) -> dict[int, dict]:
     return {json.loads(line)["step"]: json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()}
 
@@ -93,16 +106,9 @@ def test_recomputed_old_logprobs_cover_each_rollout_once_and_match(stage3_worksp
     # 1 prompt = 16 rollouts over 2 ranks, 2 PPO epochs: old log-probs are recomputed once per rollout (16, not
     # 2 x 16), and on CPU in fp32 with the rollout's chunking they equal the rollout's bit for bit.
     over = {
+        **SMALLEST_PLAN,
         "trainer.total_steps": 1,
         "trainer.save_freq": 0,
-        "trainer.val_freq": 0,
-        "trainer.log_media_freq": 0,
-        "topology.prompts_per_step": 1,
-        "topology.ppo_mini_batch_prompts": 1,
-        "topology.micro_batch_rollouts": 8,
-        "rollout.num_steps": 3,
-        "rollout.window.range": [0, 2],
-        "rollout.window.size": 1,
         "algorithm.recompute_old_logp": True,
         "algorithm.ppo_epochs": 2,
     }
@@ -143,19 +149,7 @@ def _kill_everything(proc: subprocess.Popen, ray_tmp: str) -> None:
 
 @pytest.mark.timeout(1500)
 def test_kill_and_resume_matches_uninterrupted_run(stage3_workspace, tmp_path):
-    # Smallest plan that still exercises everything: 1 prompt (16 rollouts over 2 ranks), 3 denoising steps.
-    over = {
-        "trainer.total_steps": 4,
-        "trainer.save_freq": 1,
-        "trainer.val_freq": 0,
-        "trainer.log_media_freq": 0,
-        "topology.prompts_per_step": 1,
-        "topology.ppo_mini_batch_prompts": 1,
-        "topology.micro_batch_rollouts": 8,
-        "rollout.num_steps": 3,
-        "rollout.window.range": [0, 2],
-        "rollout.window.size": 1,
-    }
+    over = {**SMALLEST_PLAN, "trainer.total_steps": 4, "trainer.save_freq": 1}
     full_cfg = tmp_path / "full"
     write_trainer_config(full_cfg / "run.yaml", stage3_workspace, tmp_path / "full_out", **over)
     run_cli(

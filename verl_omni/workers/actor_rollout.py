@@ -356,7 +356,7 @@ class ActorRolloutWorker(Worker):
             for k, v in mini_metrics.items():
                 metrics.setdefault(k, []).append(float(np.mean(v)))
         self.version += 1
-        self.backend._version = self.version  # colocated: the backend runs the very module we just updated
+        self.backend.mark_weight_version(self.version)  # colocated: the backend runs the very module we just updated
         out = {k: float(np.mean(v)) for k, v in metrics.items()}
         out["actor/lr"] = float(self.scheduler.get_last_lr()[0])
         out["actor/skipped_nonfinite_updates"] = float(skipped)
@@ -418,7 +418,7 @@ class ActorRolloutWorker(Worker):
         extra = torch.load(extra_path, weights_only=False)
         self.scheduler.load_state_dict(extra["scheduler"])
         self.version = int(extra["version"])
-        self.backend._version = self.version
+        self.backend.mark_weight_version(self.version)
         self.nonfinite_updates = int(extra["nonfinite_updates"])
         torch.set_rng_state(extra["torch_rng"])
         if extra.get("cuda_rng") is not None and self.spec.kind == "cuda":

@@ -100,6 +100,18 @@ class NativeRolloutBackend(RolloutBackend):
     def weight_version(self) -> int:
         return self._version
 
+    @property
+    def asleep(self) -> bool:
+        """True between :meth:`sleep` and :meth:`wake_up`."""
+        return self._asleep
+
+    def mark_weight_version(self, version: int) -> None:
+        """Records that the module's weights are now ``version`` without copying anything.
+
+        For the colocated case, where the backend runs the very module the actor just updated in place.
+        """
+        self._version = int(version)
+
     def update_weights(
         self, named_tensors: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]], version: int
     ) -> None:

@@ -103,7 +103,7 @@ class WNMPipelineCore:
         """
         if not self.weights.ready:
             raise RuntimeError(f"WNM pipeline cannot sample: {self.weights.status()}")
-        if self.sampler_backend._asleep:
+        if self.sampler_backend.asleep:
             raise RuntimeError("WNM pipeline is asleep; wake it up before sending requests")
         parsed = []
         for p in payloads:
@@ -150,7 +150,7 @@ class WNMPipelineCore:
 
     def commit_weight_sync(self, version: int) -> int:
         v = self.weights.commit(version)
-        self.sampler_backend._version = v  # keep the shared sampler's own record in step
+        self.sampler_backend.mark_weight_version(v)  # keep the shared sampler's own record in step
         return v
 
     def sleep(self) -> None:
