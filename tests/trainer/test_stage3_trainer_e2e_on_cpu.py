@@ -189,3 +189,33 @@ def test_kill_and_resume_matches_uninterrupted_run(stage3_workspace, tmp_path):
             np.testing.assert_allclose(resumed[step][key], value, rtol=0, atol=0, err_msg=f"step {step} {key}")
             compared += 1
     assert compared > 50
+
+
+@pytest.mark.timeout(900)
+def test_dead_actor_worker_stops_the_run_naming_the_last_checkpoint(stage3_workspace, tmp_path):
+    # SIGKILL one actor rank after the step-1 checkpoint: the driver must stop with exit code 3 and tell the
+    # user which checkpoint is complete and how to resume, instead of hanging or training on.
+    over = {**SMALLEST_PLAN, "trainer.total_steps": 50, "trainer.save_freq": 1}
+    cfg = tmp_path / "cfg"
+    out = tmp_path / "out"
+    write_trainer_config(cfg / "run.yaml", stage3_workspace, out, **over)
+    ray_tmp = f"/tmp/wnm_dead_{os.getpid()}"
+    proc = _start(cfg, ray_tmp)
+    pointer = out / "latest_checkpointed_iteration.txt"
+    try:
+        deadline = time.time() + 600
+        while time.time() < deadline and proc.poll() is None and not pointer.is_file():
+            time.sleep(0.5)
+        assert proc.poll() is None, f"run ended early:\n{proc.stdout.read()[-3000:]}"
+        pids = json.loads((out / "worker_pids.json").read_text())
+        assert len(pids["actor_ranks"]) == 2 and pids["driver"] != pids["actor_ranks"][0]
+        os.kill(pids["actor_ranks"][1], signal.SIGKILL)
+        stdout, _ = proc.communicate(timeout=300)
+    finally:
+        _kill_everything(proc, ray_tmp)
+    assert proc.returncode == 3, stdout[-3000:]
+    latest = int(pointer.read_text())
+    assert latest < 50
+    assert "ERROR: a worker failed" in stdout
+    assert f"last complete checkpoint: {out / f'global_step_{latest}'}" in stdout
+    assert "run the same launch command again to resume" in stdout

@@ -163,6 +163,9 @@ class Stage3Trainer:
         )
         info = self.actor_wg.init_model()
         self._log(f"actor ranks: {info}")
+        # Which OS process is which rank: what an operator (or a test) needs to inspect or stop one worker.
+        pids = {"actor_ranks": [int(p) for p in self.actor_wg.pid()], "driver": os.getpid()}
+        checkpointing.atomic_write_text(self.out / "worker_pids.json", json.dumps(pids) + "\n")
         self._start_control(int(info[0]["trainable_params"]))
 
     def _start_control(self, trainable_params: int) -> None:
