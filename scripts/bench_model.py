@@ -15,10 +15,14 @@ Examples:
 from __future__ import annotations
 
 import argparse
+import math
 import sys
-import time
+from pathlib import Path
 
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_common import median_time, peak_gib, reset_peak, wan_anchor  # noqa: E402
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -34,37 +38,6 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--skip-wan", action="store_true", help="only benchmark our transformer")
     p.add_argument("--gradient-checkpointing", action="store_true")
     return p.parse_args(argv)
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def _reset_peak(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
-        torch.cuda.reset_peak_memory_stats(device)
-
-
-def _peak_gib(device: torch.device) -> float | None:
-    if device.type == "cuda":
-        return torch.cuda.max_memory_allocated(device) / 1024**3
-    return None  # CPU peak allocation is not tracked by torch
-
-
-def time_fn(fn, device: torch.device, warmup: int, iters: int) -> float:
-    """Median seconds of ``fn()`` over ``iters`` runs after ``warmup`` runs."""
-    for _ in range(warmup):
-        fn()
-    _sync(device)
-    times = []
-    for _ in range(iters):
-        t = time.perf_counter()
-        fn()
-        _sync(device)
-        times.append(time.perf_counter() - t)
-    return sorted(times)[len(times) // 2]
 
 
 def bench_ours(cfg, batch: int, device, dtype, args) -> dict:
@@ -94,21 +67,7 @@ def bench_ours(cfg, batch: int, device, dtype, args) -> dict:
 
 
 def bench_wan(cfg, batch: int, device, dtype, args) -> dict:
-    from diffusers import WanTransformer3DModel
-
-    model = WanTransformer3DModel(
-        patch_size=cfg.patch_size,
-        num_attention_heads=cfg.num_heads,
-        attention_head_dim=cfg.head_dim,
-        in_channels=cfg.latent_channels,
-        out_channels=cfg.latent_channels,
-        text_dim=cfg.dim,  # context tokens arrive already projected in our model; same width here
-        freq_dim=cfg.freq_dim,
-        ffn_dim=cfg.ffn_dim,
-        num_layers=cfg.num_layers,
-        cross_attn_norm=True,
-        eps=cfg.eps,
-    ).to(device=device, dtype=dtype)
+    model = wan_anchor(cfg, device, dtype).train()
     if args.gradient_checkpointing:
         model.enable_gradient_checkpointing()
     c, th, h, w = cfg.history_latent_shape
@@ -131,10 +90,10 @@ def bench_wan(cfg, batch: int, device, dtype, args) -> dict:
 
 def _measure(model, fwd, fwd_bwd, device, args, seq_len) -> dict:
     n_params = sum(p.numel() for p in model.parameters())
-    _reset_peak(device)
-    t_fwd = time_fn(fwd, device, args.warmup, args.iters)
-    t_bwd = time_fn(fwd_bwd, device, args.warmup, args.iters)
-    return {"params": n_params, "seq": seq_len, "fwd": t_fwd, "fwd_bwd": t_bwd, "peak": _peak_gib(device)}
+    reset_peak(device)
+    t_fwd = median_time(fwd, device, args.warmup, args.iters)
+    t_bwd = median_time(fwd_bwd, device, args.warmup, args.iters)
+    return {"params": n_params, "seq": seq_len, "fwd": t_fwd, "fwd_bwd": t_bwd, "peak": peak_gib(device)}
 
 
 def main(argv=None) -> int:
@@ -182,7 +141,7 @@ def main(argv=None) -> int:
                 f"{size:<12} {b:>5} {name:<15} {'':<9} {'':<7} {'':>12} {'':>6} {r['fwd']:>8.3f}x {r['fwd_bwd']:>9.3f}x"
             )
             continue
-        peak = "n/a" if r["peak"] is None else f"{r['peak']:.2f}"
+        peak = "n/a" if math.isnan(r["peak"]) else f"{r['peak']:.2f}"
         print(
             f"{size:<12} {b:>5} {name:<15} {args.dtype:<9} {device.type:<7} {r['params']:>12,} {r['seq']:>6} "
             f"{r['fwd']:>9.4f} {r['fwd_bwd']:>10.4f} {peak:>9}"

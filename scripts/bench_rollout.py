@@ -23,6 +23,9 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_common import wan_anchor  # noqa: E402
+
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -119,24 +122,7 @@ def build_wnm(args, device, dtype):
 
 
 def build_wan_baseline(cfg, batch: int, device, dtype):
-    from diffusers import WanTransformer3DModel
-
-    torch.manual_seed(0)
-    model = (
-        WanTransformer3DModel(
-            patch_size=tuple(cfg.patch_size),
-            num_attention_heads=cfg.num_heads,
-            attention_head_dim=cfg.head_dim,
-            in_channels=cfg.latent_channels,
-            out_channels=cfg.latent_channels,
-            text_dim=cfg.dim,
-            freq_dim=cfg.freq_dim,
-            ffn_dim=cfg.ffn_dim,
-            num_layers=cfg.num_layers,
-        )
-        .to(device=device, dtype=dtype)
-        .eval()
-    )
+    model = wan_anchor(cfg, device, dtype)
     c, th, h, w = cfg.history_latent_shape
     tt = cfg.target_latent_shape[1]
     gen = torch.Generator().manual_seed(2)

@@ -34,10 +34,12 @@ import json
 import os
 import platform
 import sys
-import time
 from pathlib import Path
 
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_common import median_time, peak_gib, reset_peak, timed_once, wan_anchor  # noqa: E402
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
@@ -72,48 +74,27 @@ def parse_args(argv=None) -> argparse.Namespace:
             p.error(f"{path} already exists; choose a new file")
     if args.checkpointing not in ("off", "on", "both"):
         p.error(f"--checkpointing must be off, on or both, got {args.checkpointing!r}")
+    try:
+        batches = [int(v) for v in args.batches.split(",") if v.strip()]
+    except ValueError:
+        batches = []
+    if not batches or min(batches) < 1:
+        p.error(f"--batches must be comma-separated positive ints, got {args.batches!r}")
+    unknown = {v.strip() for v in args.skip.split(",") if v.strip()} - {"a", "check", "b", "c"}
+    if unknown:
+        p.error(f"--skip: unknown part(s) {sorted(unknown)}; choose from a, check, b, c")
+    for name in ("num_steps", "window_size", "micro_batch", "ckpt_micro_batch", "iters", "text_tokens"):
+        if getattr(args, name) < 1:
+            p.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    if args.warmup < 0 or not 0 <= args.window_start <= args.num_steps - 1 - args.window_size:
+        p.error(
+            f"--warmup must be >= 0 and --window-start in [0, {args.num_steps - 1 - args.window_size}] "
+            f"(the last step is always Euler), got {args.warmup} and {args.window_start}"
+        )
     return args
 
 
 # ----------------------------------------------------------------------------------------- timing helpers
-def sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def reset_peak(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-        torch.cuda.empty_cache()
-        torch.cuda.reset_peak_memory_stats(device)
-
-
-def peak_gib(device: torch.device) -> float:
-    return torch.cuda.max_memory_allocated(device) / 1024**3 if device.type == "cuda" else float("nan")
-
-
-def median_time(fn, device: torch.device, warmup: int, iters: int) -> float:
-    """Median wall seconds of ``fn()`` over ``iters`` runs after ``warmup`` runs (device-synchronized)."""
-    for _ in range(warmup):
-        fn()
-    sync(device)
-    times = []
-    for _ in range(iters):
-        t = time.perf_counter()
-        fn()
-        sync(device)
-        times.append(time.perf_counter() - t)
-    return sorted(times)[len(times) // 2]
-
-
-def timed_once(fn, device: torch.device) -> tuple[float, object]:
-    sync(device)
-    t = time.perf_counter()
-    out = fn()
-    sync(device)
-    return time.perf_counter() - t, out
-
-
 def matmul_peak_tflops(device: torch.device, dtype: torch.dtype) -> float:
     """Achieved TFLOP/s of a square GEMM (8192 on GPU, 1024 on CPU): the ceiling this run can reach."""
     n = 8192 if device.type == "cuda" else 1024
@@ -141,26 +122,6 @@ def build_ours(cfg, device, dtype, seed: int = 0):
 
     torch.manual_seed(seed)
     return WNMTransformer(cfg).to(device=device, dtype=dtype).eval()
-
-
-def build_anchor(cfg, device, dtype, text_tokens: int):
-    from diffusers import WanTransformer3DModel
-
-    torch.manual_seed(0)
-    model = WanTransformer3DModel(
-        patch_size=cfg.patch_size,
-        num_attention_heads=cfg.num_heads,
-        attention_head_dim=cfg.head_dim,
-        in_channels=cfg.latent_channels,
-        out_channels=cfg.latent_channels,
-        text_dim=cfg.text_dim,
-        freq_dim=cfg.freq_dim,
-        ffn_dim=cfg.ffn_dim,
-        num_layers=cfg.num_layers,
-        cross_attn_norm=True,
-        eps=cfg.eps,
-    )
-    return model.to(device=device, dtype=dtype).eval()
 
 
 def random_context(cfg, batch: int, device, dtype, seed: int = 1):
@@ -607,7 +568,7 @@ def main(argv=None) -> int:
             ours_isolated.compile_blocks()
     fwd, check, group_rows, train_rows, group = [], {}, [], [], None
     if "a" not in skip:
-        anchor = build_anchor(cfg, device, dtype, args.text_tokens)
+        anchor = wan_anchor(cfg, device, dtype, text_dim=cfg.text_dim)
         fwd = bench_forward(cfg, args, device, dtype, ours, ours_compiled, ours_isolated, anchor, peak)
         del anchor
         reset_peak(device)

@@ -273,7 +273,7 @@ def cmd_report(args: argparse.Namespace) -> int:
         plots.closed_loop_bars(comps, out / FIGURES[2])
         figures.append(FIGURES[2])
     rel = os.path.relpath(out, args.update_doc.parent) if args.update_doc else str(out)
-    block = rep.render_markdown(data, comps, [f"{rel}/{f}" for f in figures], str(results))
+    block = rep.render_markdown(data, comps, [f"{rel}/{f}" for f in figures], _display_path(results))
     (out / "tables.md").write_text(block)
     (out / "summary.json").write_text(json.dumps(rep.summary_json(data, comps), indent=1, default=list) + "\n")
     if args.update_doc:
@@ -283,6 +283,15 @@ def cmd_report(args: argparse.Namespace) -> int:
     for f in (*figures, "tables.md", "summary.json"):
         print(f"wrote {out / f} ({(out / f).stat().st_size / 1e3:.0f} kB)")
     return 0
+
+
+def _display_path(path: Path) -> str:
+    """``path`` relative to the working directory when inside it, else its name: committed docs must not
+    carry one machine's absolute paths."""
+    try:
+        return str(Path(path).resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return Path(path).name
 
 
 # ---------------------------------------------------------------------------------------------- CLI

@@ -155,3 +155,13 @@ def test_tool_bad_arguments(tmp_path, monkeypatch, capsys):
     assert "--sft-steps needs --collection" in capsys.readouterr().err
     assert _run_tool(["--output-dir", str(tmp_path / "y"), "--size", "huge"], monkeypatch) == 2
     assert "unknown size 'huge'" in capsys.readouterr().err
+    for bad, needle in ((["--set", "bogus=1"], "bogus"), (["--set", "=3"], "expected FIELD=VALUE")):
+        assert _run_tool(["--output-dir", str(tmp_path / "z"), *bad], monkeypatch) == 2
+        assert needle in capsys.readouterr().err
+    assert not (tmp_path / "z").exists()
+
+
+def test_tool_set_overrides_a_preset_field(tmp_path, monkeypatch):
+    out = tmp_path / "ckpt"
+    assert _run_tool(["--output-dir", str(out), "--set", "text_encoder_layers=1", "--no-progress"], monkeypatch) == 0
+    assert load_wnm_checkpoint(out).config.text_encoder_layers == 1

@@ -12,13 +12,6 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 RECIPE = REPO / "recipes" / "wnm_3d" / "stage3"
 CONFIG_DIR = RECIPE / "config"
-TOOLS = {
-    "synthesize": REPO / "tools" / "data" / "synthesize_gn0_collection.py",
-    "checkpoint": REPO / "tools" / "checkpoint" / "make_tiny_wnm_checkpoint.py",
-    "convert": REPO / "tools" / "data" / "convert_interiorgs_dagger_to_rlhf.py",
-    "sample": REPO / "tools" / "data" / "sample_stage3_train.py",
-    "event_val": REPO / "tools" / "data" / "build_vggt_stage3_event_val.py",
-}
 # Variables the scripts read; stripped from the test process environment so only the test's values count.
 SCRIPT_VARS = (
     "WAM_",
@@ -68,13 +61,6 @@ class Workspace:
             "WAM_SAVE_FREQ": "1",
             "WAM_VAL_FREQ": "0",
         }
-
-
-def run_tool(name: str, *args: str) -> None:
-    cmd = [sys.executable, str(TOOLS[name]), *args]
-    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600)
-    if proc.returncode != 0:
-        raise RuntimeError(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
 
 
 def clean_environ(extra: dict[str, str] | None = None) -> dict[str, str]:

@@ -12,6 +12,7 @@ import torch
 from verl_omni.data.actions import ActionNormalization
 from verl_omni.pipelines.wnm_shared.layers import LAYER_NAMES, STOP_CHANNEL
 from verl_omni.pipelines.wnm_shared.requests import RolloutRequest
+from verl_omni.pipelines.wnm_shared.schedule import sigmas_to_timesteps
 
 STOP_THRESHOLD = 0.5  # docs/contracts.md: decoded stop flag = denormalized stop > 0.5
 DYAW_CHANNEL = 2
@@ -95,6 +96,44 @@ class RolloutResults:
     @property
     def sample_ids(self) -> list[str]:
         return [r.sample_id for r in self.requests]
+
+
+def results_from_outputs(
+    requests: Sequence[RolloutRequest],
+    outputs: Sequence[Mapping[str, torch.Tensor]],
+    sigmas: torch.Tensor,
+    layout,
+    normalization: ActionNormalization,
+    weight_version: int,
+) -> RolloutResults:
+    """Per-request sampler outputs, already in request order, -> :class:`RolloutResults`.
+
+    Args:
+        requests: ``R`` requests.
+        outputs: ``R`` dicts with ``final [D]``, ``window_states [W+1, D]``, ``logprobs [W, 9]``,
+            ``window_steps [W]`` and ``noise_coefs [W]``; ``outputs[i]`` belongs to ``requests[i]``.
+        sigmas: ``[K + 1]`` schedule the outputs were sampled with.
+        layout: The ``JointLayout`` that splits a joint latent into video and actions.
+        normalization: The checkpoint's action normalization (for decoding).
+        weight_version: Version of the weights that produced the outputs.
+    """
+    stacked = {k: torch.stack([o[k] for o in outputs]) for k in outputs[0]}
+    video, actions_norm = layout.split(stacked.pop("final").float())
+    return RolloutResults(
+        request_ids=[r.request_id for r in requests],
+        requests=list(requests),
+        actions=decode_actions(actions_norm, normalization),
+        actions_normalized=actions_norm.clone(),
+        video_latents=video.clone(),
+        window_steps=stacked["window_steps"],
+        window_states=stacked["window_states"],
+        noise_coefs=stacked["noise_coefs"],
+        sigmas=sigmas,
+        timesteps=sigmas_to_timesteps(sigmas),
+        logprobs=stacked["logprobs"],
+        context_rows=torch.tensor([r.context_row for r in requests], dtype=torch.int64),
+        weight_version=int(weight_version),
+    )
 
 
 class RolloutBackend(abc.ABC):

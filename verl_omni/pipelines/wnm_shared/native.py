@@ -18,12 +18,11 @@ import torch
 from torch import nn
 
 from verl_omni.data.actions import ActionLayout, ActionNormalization
-from verl_omni.pipelines.wnm_shared.backend import RolloutBackend, RolloutResults, decode_actions
+from verl_omni.pipelines.wnm_shared.backend import RolloutBackend, RolloutResults, results_from_outputs
 from verl_omni.pipelines.wnm_shared.config import NativeBackendConfig, SamplerConfig
 from verl_omni.pipelines.wnm_shared.layers import NUM_LAYERS, JointLayout, LayerTable
 from verl_omni.pipelines.wnm_shared.requests import RolloutRequest
 from verl_omni.pipelines.wnm_shared.rng import initial_noise, sde_noise
-from verl_omni.pipelines.wnm_shared.schedule import sigmas_to_timesteps
 from verl_omni.pipelines.wnm_shared.sde import euler_step, sde_step, transition_layer_logprob
 from verl_omni.pipelines.wnm_shared.velocity import NonFiniteError, check_finite, chunk_slices, joint_velocity
 
@@ -185,23 +184,7 @@ class NativeRolloutBackend(RolloutBackend):
                 outs = self._denoise(chunk, ctx, sigmas, window, x, first_sde)
                 for i, out in zip(idx[sl], outs, strict=True):
                     per_request[i] = out
-        stacked = {k: torch.stack([o[k] for o in per_request]) for k in per_request[0]}
-        video, actions_norm = self.layout.split(stacked.pop("final"))
-        return RolloutResults(
-            request_ids=[r.request_id for r in requests],
-            requests=list(requests),
-            actions=decode_actions(actions_norm, self.normalization),
-            actions_normalized=actions_norm.clone(),
-            video_latents=video.clone(),
-            window_steps=stacked["window_steps"],
-            window_states=stacked["window_states"],
-            noise_coefs=stacked["noise_coefs"],
-            sigmas=sigmas,
-            timesteps=sigmas_to_timesteps(sigmas),
-            logprobs=stacked["logprobs"],
-            context_rows=torch.tensor([r.context_row for r in requests], dtype=torch.int64),
-            weight_version=self._version,
-        )
+        return results_from_outputs(requests, per_request, sigmas, self.layout, self.normalization, self._version)
 
     def _with_history_kv(self, ctx):
         """Computes an ``isolated`` model's history keys/values once per prompt row for all its rollouts.

@@ -14,10 +14,9 @@ from collections.abc import Mapping, Sequence
 import torch
 
 from verl_omni.data.actions import ActionNormalization
-from verl_omni.pipelines.wnm_shared.backend import RolloutResults, decode_actions
+from verl_omni.pipelines.wnm_shared.backend import RolloutResults, results_from_outputs
 from verl_omni.pipelines.wnm_shared.layers import NUM_LAYERS, JointLayout
 from verl_omni.pipelines.wnm_shared.requests import RolloutRequest
-from verl_omni.pipelines.wnm_shared.schedule import sigmas_to_timesteps
 
 WIRE_VERSION = 1
 EXTRA_ARGS_KEY = "wnm"
@@ -133,20 +132,6 @@ def assemble_results(
                 f"request {o['request_id']}: window tensors {list(o['window_states'].shape)} / "
                 f"{list(o['logprobs'].shape)} do not fit a window of {w} steps"
             )
-    stacked = {k: torch.stack([o[k] for o in ordered]) for k in OUTPUT_KEYS}
-    video, actions_norm = layout.split(stacked.pop("final").float())
-    return RolloutResults(
-        request_ids=wanted,
-        requests=list(requests),
-        actions=decode_actions(actions_norm, normalization),
-        actions_normalized=actions_norm.clone(),
-        video_latents=video.clone(),
-        window_steps=stacked["window_steps"],
-        window_states=stacked["window_states"],
-        noise_coefs=stacked["noise_coefs"],
-        sigmas=sigmas,
-        timesteps=sigmas_to_timesteps(sigmas),
-        logprobs=stacked["logprobs"],
-        context_rows=torch.tensor([r.context_row for r in requests], dtype=torch.int64),
-        weight_version=versions.pop(),
+    return results_from_outputs(
+        requests, [{k: o[k] for k in OUTPUT_KEYS} for o in ordered], sigmas, layout, normalization, versions.pop()
     )
