@@ -15,7 +15,6 @@ of forward passes per rank; the driver guarantees equal shares (``verl_omni.trai
 from __future__ import annotations
 
 import json
-import math
 import os
 import time
 from pathlib import Path
@@ -59,29 +58,23 @@ def loss_config_from(cfg: Stage3Config):
 
 def lr_lambda(cfg: Stage3Config):
     """LR multiplier per optimizer step: linear warmup, then constant or cosine to ``min_lr_ratio``."""
-    a, total = (
-        cfg.actor,
-        max(
-            cfg.trainer.total_steps
-            * cfg.algorithm.ppo_epochs
-            * (cfg.topology.prompts_per_step // cfg.topology.ppo_mini_batch_prompts),
-            1,
-        ),
+    from verl_omni.pipelines.wnm_3d.actor import lr_multiplier
+
+    a = cfg.actor
+    total = (
+        cfg.trainer.total_steps
+        * cfg.algorithm.ppo_epochs
+        * (cfg.topology.prompts_per_step // cfg.topology.ppo_mini_batch_prompts)
     )
-
-    def f(i: int) -> float:
-        if a.lr_warmup_steps and i < a.lr_warmup_steps:
-            return (i + 1) / a.lr_warmup_steps
-        if a.lr_schedule == "constant":
-            return 1.0
-        progress = min(1.0, (i - a.lr_warmup_steps) / max(1, total - a.lr_warmup_steps))
-        return a.min_lr_ratio + (1 - a.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
-
-    return f
+    return lr_multiplier(a.lr_warmup_steps, a.lr_schedule, a.min_lr_ratio, total)
 
 
 class ActorRolloutWorker(Worker):
-    """verl worker: FSDP2 DiT + optimizer + colocated native rollout.
+    """verl worker: FSDP2 DiT + optimizer + colocated native rollout, a thin Ray shell.
+
+    The log-probs and the PPO update are :class:`~verl_omni.pipelines.wnm_3d.actor.WNMDiffusionActor`'s
+    (``self.actor``); this class sets up the process group, sharding and rollout, dispatches the driver's
+    calls and keeps the weight version.
 
     Args:
         config: The resolved trainer config as a plain dict (validated again here).
@@ -97,8 +90,21 @@ class ActorRolloutWorker(Worker):
         self.optimizer = None
         self.scheduler = None
         self.reference = None
+        self.actor = None  # WNMDiffusionActor, built by init_model
         self.version = 0
-        self.nonfinite_updates = 0
+        self._nonfinite_before_init = 0
+
+    @property
+    def nonfinite_updates(self) -> int:
+        """Skipped non-finite optimizer steps over the run (the actor counts them; checkpoints carry them)."""
+        return self.actor.nonfinite_updates if self.actor is not None else self._nonfinite_before_init
+
+    @nonfinite_updates.setter
+    def nonfinite_updates(self, value: int) -> None:
+        if self.actor is not None:
+            self.actor.nonfinite_updates = int(value)
+        else:
+            self._nonfinite_before_init = int(value)
 
     # ------------------------------------------------------------------------------------------- setup
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
@@ -173,6 +179,21 @@ class ActorRolloutWorker(Worker):
             import copy
 
             self.reference = copy.deepcopy(model.transformer).eval().requires_grad_(False)
+        from verl_omni.pipelines.wnm_3d.actor import WNMDiffusionActor
+
+        self.actor = WNMDiffusionActor(
+            model.transformer,
+            self.backend.layout,
+            self.optimizer,
+            self.scheduler,
+            loss_config=loss_config_from(cfg),
+            grad_clip=cfg.actor.grad_clip,
+            device=device,
+            # The rollout's rows per DiT call: the same batch shape makes the recomputed bf16 log-probs exact.
+            chunk_size=self.backend.config.effective_chunk_size,
+            reference=self.reference,
+        )
+        self.actor.nonfinite_updates = self._nonfinite_before_init
         n_params = sum(p.numel() for p in model.transformer.parameters())
         return {
             "rank": self.rank,
@@ -268,101 +289,31 @@ class ActorRolloutWorker(Worker):
             return self.model.decode_video(latents.to(self.spec.device)).cpu().numpy()
 
     # ------------------------------------------------------------------------------------------- training
-    def _recompute(self, mb: dict, module, grad: bool) -> torch.Tensor:
-        from verl_omni.trainer.diffusion.recompute import recompute_layer_logprobs
-
-        ctx = mb["context"]
-        with torch.set_grad_enabled(grad):
-            return recompute_layer_logprobs(
-                module,
-                self.backend.layout,
-                mb["window_states"].to(self.spec.device),
-                mb["window_steps"],
-                mb["noise_coefs"],
-                mb["sigmas"],
-                ctx.to(self.spec.device, torch.float32),
-                mb["context_rows"],
-                dtype=torch.float32,
-                device=self.spec.device,
-                chunk_size=self.backend.config.effective_chunk_size,
-                request_ids=mb["request_ids"],
-            )
-
     @register(dispatch_mode=Dispatch.DP_COMPUTE)
     def compute_logprobs(self, micro_batches: list[dict]) -> list[torch.Tensor]:
-        """Per-layer log-probs ``[R, W, 9]`` of stored transitions under the current weights (no grad)."""
-        self.model.transformer.eval()
-        return [self._recompute(mb, self.model.transformer, grad=False).cpu() for mb in micro_batches]
+        """Per-layer log-probs ``[R, W, 9]`` of stored transitions under the current weights (no grad).
+
+        Args:
+            micro_batches: :class:`~verl_omni.pipelines.wnm_3d.actor.UpdateMicroBatch` fields as dicts.
+        """
+        return self.actor.compute_logprobs(micro_batches)
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE)
     def update(self, payload: dict) -> dict:
-        """PPO epochs over this rank's share of each mini-batch.
+        """PPO epochs over this rank's share of each mini-batch (:meth:`WNMDiffusionActor.update_policy`).
 
         Args:
-            payload: ``{"mini_batches": [[micro-batch dict, ...], ...]}``; every rank receives the same number
-                of mini-batches and micro-batches. A micro-batch holds ``window_states [R, W+1, D]``,
-                ``window_steps``, ``noise_coefs``, ``sigmas``, ``old_logprobs [R, W, 9]``,
-                ``advantages [R, 9]``, ``context`` (rows for these rollouts), ``context_rows``,
-                ``request_ids`` and ``weight`` (this micro-batch's share of the mini-batch loss).
+            payload: ``{"mini_batches": [[micro-batch, ...], ...]}``, each micro-batch an
+                :class:`~verl_omni.pipelines.wnm_3d.actor.UpdateMicroBatch` or a dict of its fields; every rank
+                receives the same number of mini-batches and micro-batches.
 
         Returns:
-            Metrics averaged over mini-batches (ratio stats, clip fraction, approx KL, grad norm, lr,
-            logp drift of the first mini-batch, skipped updates).
+            The actor's metrics plus ``memory/update_peak_gb``.
         """
-        from torch.distributed.tensor import DTensor
-
-        from verl_omni.trainer.diffusion.loss import clipped_layer_loss
-
-        t0 = time.perf_counter()
         reset_peak_memory(self.spec)
-        loss_cfg = loss_config_from(self.cfg)
-        self.model.transformer.train()
-        metrics: dict[str, list[float]] = {}
-        skipped = 0
-        first_ratio_dev = None
-        for mb_index, mini in enumerate(payload["mini_batches"]):
-            self.optimizer.zero_grad(set_to_none=True)
-            mini_metrics: dict[str, list[float]] = {}
-            for mb_pos, mb in enumerate(mini):
-                # Gradients accumulate unsharded on each rank and are reduce-scattered once, after the last
-                # micro-batch of the mini-batch, instead of once per micro-batch (FSDP2 no-sync accumulation).
-                self.model.transformer.set_requires_gradient_sync(mb_pos == len(mini) - 1)
-                logp = self._recompute(mb, self.model.transformer, grad=True)
-                old = mb["old_logprobs"].to(logp.device)
-                ref = None
-                if self.reference is not None:
-                    with torch.no_grad():
-                        ref = self._recompute(mb, self.reference, grad=False)
-                out = clipped_layer_loss(logp, old, mb["advantages"].to(logp.device), loss_cfg, logp_ref=ref)
-                (out.loss * float(mb["weight"])).backward()
-                if mb_index == 0:
-                    dev = float((logp.detach() - old).abs().max())
-                    first_ratio_dev = dev if first_ratio_dev is None else max(first_ratio_dev, dev)
-                for k, v in out.metrics.items():
-                    mini_metrics.setdefault(k, []).append(float(v))
-            grad_norm = torch.nn.utils.clip_grad_norm_(self.model.transformer.parameters(), self.cfg.actor.grad_clip)
-            if isinstance(grad_norm, DTensor):
-                grad_norm = grad_norm.full_tensor()
-            grad_norm = float(grad_norm)
-            if not math.isfinite(grad_norm):
-                # Never apply a NaN/inf update: skip it, count it, and let the driver stop the run at the limit.
-                skipped += 1
-                self.nonfinite_updates += 1
-                self.optimizer.zero_grad(set_to_none=True)
-            else:
-                self.optimizer.step()
-                self.scheduler.step()
-            metrics.setdefault("actor/grad_norm", []).append(grad_norm)
-            for k, v in mini_metrics.items():
-                metrics.setdefault(k, []).append(float(np.mean(v)))
+        out = self.actor.update_policy(payload["mini_batches"])
         self.version += 1
         self.backend.mark_weight_version(self.version)  # colocated: the backend runs the very module we just updated
-        out = {k: float(np.mean(v)) for k, v in metrics.items()}
-        out["actor/lr"] = float(self.scheduler.get_last_lr()[0])
-        out["actor/skipped_nonfinite_updates"] = float(skipped)
-        out["actor/total_nonfinite_updates"] = float(self.nonfinite_updates)
-        out["actor/logp_abs_diff_first_minibatch"] = float(first_ratio_dev if first_ratio_dev is not None else 0.0)
-        out["timing/update_s"] = time.perf_counter() - t0
         out["memory/update_peak_gb"] = peak_memory_gb(self.spec)
         return out
 
