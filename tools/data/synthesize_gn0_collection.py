@@ -52,6 +52,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--max-rooms", type=int, default=5, help="most rooms per scene (default 5)")
     p.add_argument("--resolution", type=float, default=0.05, help="occupancy metres per pixel (default 0.05)")
+    p.add_argument(
+        "--level",
+        help="task level (one_room, two_rooms, house; verl_omni/sim/levels.py): sets the floor size, room count, "
+        "corridor chance and shortest start-goal distance instead of --scene-size-m/--max-rooms",
+    )
     return p
 
 
@@ -61,8 +66,17 @@ def make_config(args: argparse.Namespace) -> SynthesisConfig:
         raise ValueError(f"--image-size takes one or two integers, got {args.image_size}")
     h, w = (args.image_size * 2)[:2]
     camera = CameraConfig(width=w, height=h, fov_deg=args.fov_deg)
-    floorplan = FloorPlanConfig(size_m=tuple(args.scene_size_m), max_rooms=args.max_rooms, resolution=args.resolution)
-    collector = CollectorConfig(fps=args.fps, camera=camera)
+    if getattr(args, "level", None):
+        from verl_omni.sim.levels import get_level
+
+        level = get_level(args.level)
+        floorplan = level.floorplan(resolution=args.resolution)
+        collector = CollectorConfig(fps=args.fps, camera=camera, min_goal_distance_m=level.min_goal_distance_m)
+    else:
+        floorplan = FloorPlanConfig(
+            size_m=tuple(args.scene_size_m), max_rooms=args.max_rooms, resolution=args.resolution
+        )
+        collector = CollectorConfig(fps=args.fps, camera=camera)
     return SynthesisConfig(
         num_scenes=args.num_scenes, episodes_per_scene=args.episodes_per_scene, floorplan=floorplan, collector=collector
     )

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Closed-loop evaluation of WNM checkpoints in held-out synthetic scenes (DESIGN 9).
+"""Closed-loop evaluation of WNM checkpoints and scripted reference policies in held-out synthetic scenes.
 
 Every episode renders its 33-frame history, samples 32 actions with the ODE sampler, executes the first chunk
 (8 steps) and asks again, until STOP or ``--max-steps``. Reports SR, OSR, SPL, NE and collisions per episode and
@@ -8,11 +8,18 @@ aggregated with 95% confidence intervals (Wilson for proportions, Student-t for 
 the same episodes with the same noise seeds; the report adds paired differences (compare - checkpoint).
 Collisions block the robot's translation (the episode goes on) unless ``--collision end``.
 
+``--policy`` adds scripted reference policies (``expert``, ``expert_no_stop``, ``goal_bearing``, ``straight``,
+``stop``; see ``verl_omni/sim/reference_policies.py``) on the same episodes, so every baseline row of a table can
+be reproduced; ``--level`` (``one_room``, ``two_rooms``, ``house``) picks the task level of synthesized scenes
+and episodes (``verl_omni/sim/levels.py``).
+
 Examples:
     python tools/eval/closed_loop_eval.py --checkpoint ckpt/stage2 --compare ckpt/stage3 \\
         --synthesize 4 --seed 1 --episodes 16 --output-dir eval/run1
     python tools/eval/closed_loop_eval.py --checkpoint ckpt/stage3 --scenes ws/occupancy --episodes 8 \\
         --output-dir eval/run2
+    python tools/eval/closed_loop_eval.py --policy expert goal_bearing straight stop --level two_rooms \
+        --synthesize 40 --seed 1000 --episodes 400 --output-dir eval/baselines
 """
 
 from __future__ import annotations
@@ -40,7 +47,20 @@ def build_parser() -> argparse.ArgumentParser:
         description=__doc__.split("\n\n")[0],
         epilog="exit codes: 0 report written; 2 bad arguments or inputs, nothing written",
     )
-    p.add_argument("--checkpoint", required=True, type=Path, help="complete WNM checkpoint directory")
+    p.add_argument("--checkpoint", type=Path, help="complete WNM checkpoint directory")
+    p.add_argument(
+        "--policy",
+        nargs="+",
+        default=[],
+        metavar="NAME",
+        help="scripted reference policies evaluated on the same episodes: expert, expert_no_stop, goal_bearing, "
+        "straight, stop",
+    )
+    p.add_argument(
+        "--level",
+        help="task level of synthesized scenes and episodes: one_room, two_rooms, house (sets --scene-size-m, "
+        "--max-rooms and --min-goal-distance)",
+    )
     p.add_argument("--compare", type=Path, help="second checkpoint, evaluated on the same episodes and seeds")
     p.add_argument("--scenes", nargs="+", type=Path, default=[], help="scene folders, or folders of scene folders")
     p.add_argument("--synthesize", type=int, default=0, metavar="N", help="generate N fresh held-out scenes")
@@ -104,6 +124,20 @@ def _checkpoint_info(path: Path) -> dict:
 
 
 def _validate(args: argparse.Namespace) -> None:
+    from verl_omni.sim.levels import LEVELS
+    from verl_omni.sim.reference_policies import SCRIPTED_POLICIES
+
+    if args.checkpoint is None and not args.policy:
+        raise CliError("nothing to evaluate: pass --checkpoint DIR and/or --policy NAME...")
+    if args.compare is not None and args.checkpoint is None:
+        raise CliError("--compare needs --checkpoint (the paired differences are compare - checkpoint)")
+    unknown = [p for p in args.policy if p not in SCRIPTED_POLICIES]
+    if unknown:
+        raise CliError(f"--policy: unknown {unknown}; choose from {list(SCRIPTED_POLICIES)}")
+    if len(set(args.policy)) != len(args.policy):
+        raise CliError(f"--policy: a name appears twice in {args.policy}")
+    if args.level is not None and args.level not in LEVELS:
+        raise CliError(f"--level: unknown {args.level!r}; choose one of {sorted(LEVELS)}")
     if not args.scenes and args.synthesize <= 0:
         raise CliError("no scenes: pass --scenes DIR... and/or --synthesize N (fresh held-out scenes)")
     if args.synthesize < 0:
@@ -133,13 +167,19 @@ def _configs(args: argparse.Namespace):
     from verl_omni.sim.closed_loop import ClosedLoopConfig
     from verl_omni.sim.collector import CollectorConfig
     from verl_omni.sim.floorplan import FloorPlanConfig
+    from verl_omni.sim.levels import get_level
 
     try:
         loop = ClosedLoopConfig(
             max_steps=args.max_steps, execute_steps=args.execute_steps, collision=args.collision, fov_deg=args.fov_deg
         )
-        tasks = CollectorConfig(success_radius=args.success_radius, min_goal_distance_m=args.min_goal_distance)
-        plans = FloorPlanConfig(size_m=tuple(args.scene_size_m), max_rooms=args.max_rooms)
+        if args.level is not None:
+            level = get_level(args.level)
+            tasks = CollectorConfig(success_radius=args.success_radius, min_goal_distance_m=level.min_goal_distance_m)
+            plans = level.floorplan()
+        else:
+            tasks = CollectorConfig(success_radius=args.success_radius, min_goal_distance_m=args.min_goal_distance)
+            plans = FloorPlanConfig(size_m=tuple(args.scene_size_m), max_rooms=args.max_rooms)
     except ValueError as e:
         raise CliError(f"invalid evaluation settings: {e}") from e
     if loop.robot_radius != tasks.planner.robot_radius:
@@ -190,6 +230,16 @@ def _evaluate(label: str, ckpt: Path, args, plans, specs, loop_cfg):
     return results, time.perf_counter() - start, policy.backend.layout.numel
 
 
+def _evaluate_scripted(name: str, args, plans, specs, loop_cfg):
+    from verl_omni.sim.closed_loop import run_closed_loop
+    from verl_omni.sim.reference_policies import make_scripted_policy
+
+    policy = make_scripted_policy(name, plans)
+    start = time.perf_counter()
+    results = run_closed_loop(policy, plans, specs, loop_cfg, progress=not args.no_progress, desc=name)
+    return results, time.perf_counter() - start
+
+
 def _jsonable_args(args: argparse.Namespace) -> dict:
     out = {}
     for k, v in vars(args).items():
@@ -204,7 +254,17 @@ def _jsonable_args(args: argparse.Namespace) -> dict:
 def _summary_table(runs: list[tuple[str, dict]], paired: dict | None) -> str:
     from verl_omni.sim.eval_metrics import METRIC_LABELS, format_estimate
 
-    names = ("success", "oracle_success", "spl", "ne", "collisions", "collided")
+    names = (
+        "success",
+        "oracle_success",
+        "spl",
+        "ne",
+        "collisions",
+        "collided",
+        "premature_stop",
+        "progress",
+        "path_length",
+    )
     header = (
         ["metric (95% CI)"] + [label for label, _ in runs] + (["difference (compare - checkpoint)"] if paired else [])
     )
@@ -266,7 +326,9 @@ def main(argv: list[str] | None = None) -> int:
         raise CliError(f"cannot draw episodes: {e}") from e
     print(f"{len(specs)} episodes over {len(plans)} scenes ({', '.join(plans)})")
 
-    entries = [("checkpoint", args.checkpoint)] + ([("compare", args.compare)] if args.compare else [])
+    entries = ([("checkpoint", args.checkpoint)] if args.checkpoint else []) + (
+        [("compare", args.compare)] if args.compare else []
+    )
     labels = [ckpt.resolve().name for _, ckpt in entries]
     if len(labels) == 2 and labels[0] == labels[1]:
         labels = [f"{labels[0]} (checkpoint)", f"{labels[1]} (compare)"]
@@ -280,6 +342,17 @@ def main(argv: list[str] | None = None) -> int:
         report_runs[key] = {
             "label": label,
             "checkpoint": _checkpoint_info(ckpt),
+            "seconds": round(seconds, 3),
+            "aggregate": agg,
+            "episodes": [r.to_dict() for r in results],
+        }
+    for name in args.policy:
+        results, seconds = _evaluate_scripted(name, args, plans, specs, loop_cfg)
+        agg = aggregate([r.metrics() for r in results])
+        runs.append((name, results, agg))
+        report_runs[f"policy:{name}"] = {
+            "label": name,
+            "policy": name,
             "seconds": round(seconds, 3),
             "aggregate": agg,
             "episodes": [r.to_dict() for r in results],
@@ -306,6 +379,8 @@ def main(argv: list[str] | None = None) -> int:
             "closed_loop": {**vars(loop_cfg)},
             "success_radius": task_cfg.success_radius,
             "min_goal_distance_m": task_cfg.min_goal_distance_m,
+            "level": args.level,
+            "floorplan": {"size_m": list(floorplan_cfg.size_m), "max_rooms": floorplan_cfg.max_rooms},
             "sampler": {"mode": "ode", "num_steps": args.num_steps, "shift": args.shift},
             "distance": "geodesic on the occupancy grid (8-connected, un-inflated)",
             "collision_handling": "blocked: translation refused, rotation kept, episode continues"

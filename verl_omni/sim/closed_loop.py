@@ -150,6 +150,7 @@ class PolicyQuery:
         instruction: Language instruction.
         pose: ``[3]`` current pose. Privileged: for scripted reference policies only.
         goal: ``[2]`` goal point. Privileged: for scripted reference policies only.
+        scene_id: Scene of the episode. Privileged (it names the map): for scripted reference policies only.
     """
 
     episode_id: str
@@ -158,6 +159,7 @@ class PolicyQuery:
     instruction: str
     pose: np.ndarray
     goal: np.ndarray
+    scene_id: str = ""
 
 
 @runtime_checkable
@@ -328,6 +330,10 @@ class EpisodeResult:
             "steps": int(self.steps),
             "policy_calls": int(self.policy_calls),
             "end_reason": self.end_reason,
+            # Geodesic distance gained toward the goal (start minus end); negative when it moved away.
+            "progress": float(self.geodesic[0] - self.geodesic[-1]),
+            # STOP issued outside the success radius: the gaming sign beside SR.
+            "premature_stop": bool(self.end_reason == "stop" and not self.success),
         }
 
     def to_dict(self) -> dict:
@@ -466,6 +472,7 @@ def run_closed_loop(
                     instruction=st.spec.instruction,
                     pose=st.poses[-1].copy(),
                     goal=np.asarray(st.spec.goal),
+                    scene_id=st.spec.scene_id,
                 )
                 for st in batch
             ]

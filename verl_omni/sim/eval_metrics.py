@@ -21,8 +21,8 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-PROPORTION_METRICS: tuple[str, ...] = ("success", "oracle_success", "collided")
-MEAN_METRICS: tuple[str, ...] = ("spl", "ne", "collisions", "path_length", "steps")
+PROPORTION_METRICS: tuple[str, ...] = ("success", "oracle_success", "collided", "premature_stop")
+MEAN_METRICS: tuple[str, ...] = ("spl", "ne", "collisions", "path_length", "steps", "progress")
 METRIC_LABELS: dict[str, str] = {
     "success": "SR",
     "oracle_success": "OSR",
@@ -32,6 +32,8 @@ METRIC_LABELS: dict[str, str] = {
     "collided": "episodes w/ collision",
     "path_length": "path length (m)",
     "steps": "steps",
+    "premature_stop": "premature STOP",
+    "progress": "geodesic progress (m)",
 }
 
 
