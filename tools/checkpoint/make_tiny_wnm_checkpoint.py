@@ -121,7 +121,9 @@ def main(argv: list[str] | None = None) -> int:
         try:
             info = read_collection_info(args.collection)
             # The collection's frame rate is part of the data contract; the model records the same one.
-            config = WNMConfig.from_size(args.size, variant=args.variant, fps=info.fps)
+            config = WNMConfig.from_size(
+                args.size, variant=args.variant, **{**parse_overrides(args.set), "fps": info.fps}
+            )
             examples = sft.load_expert_examples(args.collection, config.history_frames, config.image_size, progress)
             examples = sft.subsample(examples, args.max_queries)
             train_ex, held_ex = sft.split_by_episode(examples, args.heldout_fraction, args.seed)

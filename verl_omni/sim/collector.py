@@ -325,6 +325,45 @@ def collect_episode(
     room = plan.rooms[obj.room].kind
     instructions = make_instructions(room, obj.name, cfg.num_instructions, rng)
     poses, close_calls, stopped = run_policy(plan, planner, start, cfg, rng)
+    return label_episode(plan, renderer, planner, episode_id, obj_index, instructions, poses, close_calls, stopped, cfg)
+
+
+def label_episode(
+    plan: FloorPlan,
+    renderer: Renderer,
+    planner: ExpertPlanner,
+    episode_id: str,
+    obj_index: int,
+    instructions: list[str],
+    poses: np.ndarray,
+    close_calls: list[int],
+    stopped: bool,
+    cfg: CollectorConfig,
+    policy_info: dict | None = None,
+) -> Episode:
+    """Relabels a driven trajectory with the expert: query states, expert continuations, events, frames.
+
+    Whatever drove the robot (the noisy scripted policy, or a learned policy in DAgger collection), the labels
+    are the expert's continuation from each query pose, so the data teaches how to recover from the states
+    the behaviour policy reaches.
+
+    Args:
+        plan / renderer / planner: The scene, its renderer and the expert planner of this episode's goal.
+        episode_id: Episode name.
+        obj_index: Goal furniture index.
+        instructions: Instruction variants.
+        poses: ``[T, 3]`` visited poses (start first).
+        close_calls: Frame indices close to an obstacle (extra query states).
+        stopped: The behaviour policy ended the episode with STOP.
+        cfg: Collection settings.
+        policy_info: Optional per-episode facts about the behaviour policy (stored as ``behaviour``).
+
+    Returns:
+        The episode.
+    """
+    goal = planner.goal
+    obj = plan.furniture[obj_index]
+    room = plan.rooms[obj.room].kind
     occ = plan.occupancy()
     queries, references = [], {}
     for t in query_times(poses, planner, close_calls, cfg):
@@ -353,6 +392,8 @@ def collect_episode(
         "policy_stopped": bool(stopped),
         "queries": queries,
     }
+    if policy_info is not None:
+        record["behaviour"] = policy_info
     return Episode(record=record, frames=renderer.render(poses), references=references)
 
 

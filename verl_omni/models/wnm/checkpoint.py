@@ -3,6 +3,8 @@
 Layout written by :func:`save_wnm_checkpoint`::
 
     config.json                 {"format", "model_config", "transform_metadata"}
+    model_index.json            {"_class_name": "WNMDiTPipeline", "format"}: the Diffusers-style pipeline index
+                                vLLM-Omni reads to find the pipeline (optional when loading, for older checkpoints)
     action_normalization.json   verl_omni.data.actions.ActionNormalization.to_dict()
     transformer/                model.safetensors, or model-0000i-of-0000n.safetensors + model.safetensors.index.json
     vae/                        config.json (diffusers AutoencoderKLWan config) + model.safetensors
@@ -44,6 +46,9 @@ MANIFEST_FORMAT = "wnm-checkpoint-manifest/1"
 MANIFEST_NAME = "checkpoint_manifest.json"
 CONFIG_NAME = "config.json"
 NORMALIZATION_NAME = "action_normalization.json"
+MODEL_INDEX_NAME = "model_index.json"
+# The pipeline class vLLM-Omni's engine builds for a WNM checkpoint (verl_omni/pipelines/wnm_vllm_omni/pipeline.py).
+PIPELINE_CLASS_NAME = "WNMDiTPipeline"
 WEIGHTS_NAME = "model.safetensors"
 INDEX_NAME = "model.safetensors.index.json"
 DEFAULT_MAX_SHARD_BYTES = 2 * 1024**3
@@ -339,7 +344,11 @@ def _save_frozen(model: WNMModel, root: Path, max_shard_bytes: int) -> None:
 
 
 def save_wnm_checkpoint(
-    model: WNMModel, out_dir: str | Path, provenance: dict, max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES
+    model: WNMModel,
+    out_dir: str | Path,
+    provenance: dict,
+    max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES,
+    readme: str | None = None,
 ) -> Path:
     """Writes a complete checkpoint directory; never overwrites.
 
@@ -348,6 +357,8 @@ def save_wnm_checkpoint(
         out_dir: Target directory; must not exist. Written under a temporary sibling name, then renamed.
         provenance: JSON-serialisable facts (base checkpoint, step, run, tool arguments).
         max_shard_bytes: Tensors of a part beyond this size are sharded with an index.
+        readme: Optional model card written as ``README.md`` (data, steps, hyper-parameters, licence); it is
+            listed in the manifest like every other file.
 
     Returns:
         The checkpoint directory.
@@ -376,8 +387,11 @@ def save_wnm_checkpoint(
             },
         )
         _write_json(tmp / NORMALIZATION_NAME, contract["action_normalization"])
+        _write_json(tmp / MODEL_INDEX_NAME, model_index())
         save_state_dict(model.transformer.state_dict(), tmp / "transformer", max_shard_bytes)
         _save_frozen(model, tmp, max_shard_bytes)
+        if readme is not None:
+            (tmp / "README.md").write_text(readme)
         files = {
             name: {"sha256": file_sha256(tmp / name), "bytes": (tmp / name).stat().st_size} for name in _list_files(tmp)
         }
@@ -397,6 +411,32 @@ def save_wnm_checkpoint(
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return out_dir
+
+
+def model_index() -> dict:
+    """The ``model_index.json`` of a complete checkpoint: names the vLLM-Omni pipeline class."""
+    return {"_class_name": PIPELINE_CLASS_NAME, "format": CHECKPOINT_FORMAT}
+
+
+def check_model_index(ckpt_dir: str | Path, required: bool = False) -> None:
+    """Checks ``model_index.json`` when present (or always, with ``required``): it must name our pipeline.
+
+    Raises:
+        CheckpointError: naming the file and the field, and how to get a checkpoint that has it.
+    """
+    path = Path(ckpt_dir) / MODEL_INDEX_NAME
+    if not path.is_file():
+        if required:
+            raise CheckpointError(
+                f"{path}: file is missing; vLLM-Omni finds the pipeline through it. Checkpoints written by "
+                "tools/checkpoint (make_tiny_wnm_checkpoint.py, export_wnm_checkpoint.py) have it: write this "
+                "checkpoint again with them"
+            )
+        return
+    index = _read_json(path)
+    if not isinstance(index, dict) or index.get("_class_name") != PIPELINE_CLASS_NAME:
+        got = index.get("_class_name") if isinstance(index, dict) else index
+        raise CheckpointError(f"{path}: field '_class_name' is {got!r}, must be {PIPELINE_CLASS_NAME!r}")
 
 
 # ----- load ---------------------------------------------------------------------------------------------
@@ -506,6 +546,7 @@ def load_wnm_checkpoint(
         )
     except ValueError as e:
         raise CheckpointError(str(e)) from e
+    check_model_index(ckpt_dir)
     frozen = _load_frozen(cfg, ckpt_dir)
     model = WNMModel(cfg, normalization, frozen=frozen)
     load_state_dict_strict(model.transformer, read_state_dict(ckpt_dir / "transformer"), str(ckpt_dir / "transformer"))

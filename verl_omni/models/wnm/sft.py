@@ -1,7 +1,10 @@
 """Flow-matching SFT of the joint DiT on expert data from a GN0 collection (a Stage-II stand-in).
 
-Used by ``tools/checkpoint/make_tiny_wnm_checkpoint.py`` so that RL starts from a policy that roughly
-navigates. Per query state t of an episode: history = ``rgb.mp4`` frames ``t-32 .. t`` (clamped at 0),
+Used by ``tools/checkpoint/make_tiny_wnm_checkpoint.py`` and the Stage-II driver ``scripts/train_stage2.py``
+(which adds closed-loop DAgger rounds). Runs on any torch device: encoder outputs are cached once on the
+training device and every step draws its rows and noise there.
+
+Per query state t of an episode: history = ``rgb.mp4`` frames ``t-32 .. t`` (clamped at 0),
 target = the 33 frames of ``ref_<t>.mp4``, expert actions = ``poses_to_actions(reference_poses,
 reference_stop)``; one row per instruction variant. Whole episodes are held out for the held-out loss.
 """
@@ -46,16 +49,47 @@ def history_indices(t: int, frames: int) -> list[int]:
     return [max(0, t - frames + 1 + i) for i in range(frames)]
 
 
+def _episode_examples(job: tuple[str, str, int]) -> list[ExpertExample]:
+    """The query states of one episode (a module-level function so process pools can pickle it)."""
+    from verl_omni.data.gn0 import RecordRejected, parse_episode
+    from verl_omni.data.video import read_frames
+
+    root, episode_id, history_frames = job
+    root = Path(root)
+    try:
+        ep = parse_episode(root, episode_id)
+    except RecordRejected:
+        return []  # the converter reports rejected records; SFT simply learns from the valid ones
+    out = []
+    for q in ep.queries:
+        history = read_frames(root / ep.video, history_indices(q.t, history_frames))
+        target = read_frames(root / q.reference_video, list(range(len(q.reference_poses))))
+        actions = poses_to_actions(q.reference_poses, q.reference_stop)
+        out.append(ExpertExample(episode_id, history, target, actions, tuple(ep.instructions)))
+    return out
+
+
 def load_expert_examples(
-    collection: str | Path, history_frames: int, image_size: tuple[int, int], progress: bool = True
+    collection: str | Path,
+    history_frames: int,
+    image_size: tuple[int, int],
+    progress: bool = True,
+    workers: int = 1,
 ) -> list[ExpertExample]:
-    """Reads every valid query of a GN0 collection (skipping rejected records).
+    """Reads every valid query of a GN0 collection (skipping rejected records), in episode order.
+
+    Args:
+        collection: Collection root.
+        history_frames / image_size: What the model needs.
+        progress: Show a progress bar.
+        workers: Processes decoding episodes (video decoding dominates; results keep episode order).
 
     Raises:
         ValueError: the collection's image size differs from the model's (names both).
     """
-    from verl_omni.data.gn0 import RecordRejected, list_episode_ids, parse_episode, read_collection_info
-    from verl_omni.data.video import read_frames
+    import multiprocessing
+
+    from verl_omni.data.gn0 import list_episode_ids, read_collection_info
 
     info = read_collection_info(collection)
     if tuple(info.image_size) != tuple(image_size):
@@ -63,17 +97,19 @@ def load_expert_examples(
             f"{info.root / 'collection.json'}: field 'image_size' is {list(info.image_size)}, the model needs "
             f"{list(image_size)}; pick a matching --size or re-synthesize the collection"
         )
+    jobs = [(str(info.root), eid, history_frames) for eid in list_episode_ids(info.root)]
     examples = []
-    for episode_id in tqdm(list_episode_ids(info.root), desc="read episodes", disable=not progress):
-        try:
-            ep = parse_episode(info.root, episode_id)
-        except RecordRejected:
-            continue  # the converter reports rejected records; SFT simply learns from the valid ones
-        for q in ep.queries:
-            history = read_frames(info.root / ep.video, history_indices(q.t, history_frames))
-            target = read_frames(info.root / q.reference_video, list(range(len(q.reference_poses))))
-            actions = poses_to_actions(q.reference_poses, q.reference_stop)
-            examples.append(ExpertExample(episode_id, history, target, actions, tuple(ep.instructions)))
+    bar = tqdm(total=len(jobs), desc="read episodes", disable=not progress)
+    if workers <= 1:
+        for job in jobs:
+            examples.extend(_episode_examples(job))
+            bar.update()
+    else:
+        with multiprocessing.get_context("spawn").Pool(min(workers, len(jobs))) as pool:
+            for part in pool.imap(_episode_examples, jobs, chunksize=4):  # imap keeps episode order
+                examples.extend(part)
+                bar.update()
+    bar.close()
     if not examples:
         raise ValueError(f"{info.root}: no valid query records")
     return examples
@@ -122,6 +158,12 @@ class EncodedRows:
     @property
     def rows(self) -> int:
         return self.row_example.shape[0]
+
+    def to(self, device) -> EncodedRows:
+        """A copy with every tensor on ``device`` (training draws its rows there)."""
+        return EncodedRows(
+            **{k: None if v is None else v.to(device) for k, v in self.__dict__.items()}  # all fields are tensors
+        )
 
     def features(self, rows: torch.Tensor) -> tuple[torch.Tensor, dict]:
         """History latents and encoder features of the given rows."""
@@ -216,11 +258,15 @@ class SFTConfig:
 
 
 def _draw(data: EncodedRows, rows: torch.Tensor, g: torch.Generator, sigma: torch.Tensor | None = None):
+    # The CPU generator keeps draws identical on every device; they are moved to the data's device.
+    dev = data.target_latents.device
+    rows = rows.to(dev)
     ex = data.row_example[rows]
     x0, a0 = data.target_latents[ex], data.actions[ex]
     if sigma is None:
         sigma = torch.rand(len(rows), generator=g)
-    return x0, a0, sigma, torch.randn(x0.shape, generator=g), torch.randn(a0.shape, generator=g)
+    ev, ea = torch.randn(x0.shape, generator=g), torch.randn(a0.shape, generator=g)
+    return x0, a0, sigma.to(dev), ev.to(dev), ea.to(dev)
 
 
 @torch.no_grad()
@@ -234,7 +280,7 @@ def heldout_loss(model: WNMModel, data: EncodedRows, cfg: SFTConfig) -> dict[str
     totals = {"loss": 0.0, "video": 0.0, "action": 0.0}
     for chunk in rows.split(16):
         x0, a0, s, ev, ea = _draw(data, chunk, g, sigma[chunk])
-        hist, feats = data.features(chunk)
+        hist, feats = data.features(chunk.to(data.row_example.device))
         ctx = model.context_from_features(hist, feats)
         loss, parts = joint_flow_matching_loss(model.transformer, ctx, x0, a0, s, ev, ea, cfg.action_weight)
         w = len(chunk) / len(rows)
@@ -260,7 +306,7 @@ def train_sft(model: WNMModel, train: EncodedRows, heldout: EncodedRows, cfg: SF
     for step in bar:
         rows = torch.randint(0, train.rows, (cfg.batch_size,), generator=g)
         x0, a0, s, ev, ea = _draw(train, rows, g)
-        hist, feats = train.features(rows)
+        hist, feats = train.features(rows.to(train.row_example.device))
         ctx = model.context_from_features(hist, feats)  # projectors train; encoder features are fixed
         loss, _ = joint_flow_matching_loss(model.transformer, ctx, x0, a0, s, ev, ea, cfg.action_weight)
         opt.zero_grad(set_to_none=True)
