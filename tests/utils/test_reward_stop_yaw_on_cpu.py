@@ -76,7 +76,9 @@ def test_stop_after_a_hard_collision_does_not_count():
         make_batch(straight_actions(20, dx=0.1, stop_at=20), (x0, y0, 0.0), centre(15, 35), events=["required_stop"])
     )
     assert out.diagnostics["geometry/collision_step"][0] == 7
-    np.testing.assert_allclose(_stops(out), [[0, 0, 0, -1.5]], atol=1e-6)
+    # The missed STOP lands on the last live STOP layer: the collision's chunk 1 (chunks 2..4 are dead).
+    np.testing.assert_allclose(_stops(out), [[-1.5, 0, 0, 0]], atol=1e-6)
+    np.testing.assert_array_equal(out.layer_valid[0, 5:], [1, 0, 0, 0])
 
 
 YAW = {

@@ -7,7 +7,10 @@ Per episode (computed by :mod:`verl_omni.sim.closed_loop`):
 * ``spl``: success weighted by path length, ``S * l / max(p, l)`` with ``l`` the geodesic start-goal distance
   and ``p`` the length the robot actually travelled;
 * ``ne``: navigation error, the geodesic distance to the goal where the episode ended (metres);
-* ``collisions``: action steps whose swept footprint hit occupied space; ``collided``: at least one.
+* ``collisions``: action steps whose swept footprint hit occupied space; ``collided``: at least one;
+* ``premature_stop``: the episode ended by a STOP outside the success radius (the failure the STOP reward's
+  premature term and forfeit target);
+* ``path_length``: metres actually travelled; ``progress``: geodesic metres gained from start to end.
 
 Aggregates: proportions get Wilson score intervals (``scipy.stats.binomtest``), means get Student-t intervals
 (``scipy.stats.t``). Comparisons of two policies on the same episodes use the per-episode paired differences

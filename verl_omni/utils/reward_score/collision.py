@@ -48,7 +48,7 @@ NAV_LAYERS = tuple(f"nav_{k}" for k in range(1, CHUNKS + 1))
 class CollisionConfig(RewardModuleConfig):
     """Options of the ``collision`` reward (see module docstring)."""
 
-    hard_penalty: float = 2.0
+    hard_penalty: float = 1.0
     risk_weight: float = 0.5
     safety_clearance_m: float = 0.4
     recovery_weight: float = 1.0

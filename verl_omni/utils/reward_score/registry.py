@@ -12,6 +12,11 @@ safety rules keep a bad rollout from breaking a training step: an *invalid* roll
 ``trajectory.py``) gets ``invalid_penalty`` on every ``nav_k`` and ``stop_k`` layer, and any non-finite
 layer score left by a module is replaced by ``invalid_penalty``; both with a warning naming the rollout.
 
+The output also carries which layers are *live* (``RewardOutput.layer_valid``, ``bool [N, 9]``, also as the
+diagnostic ``geometry/layer_valid`` ``float32 [N, 9]`` so that it travels with the other diagnostics): the
+chunks after a rollout's STOP or first hard collision decided nothing, so their scores are 0 and the trainer
+leaves them out of the advantage statistics and the loss (``verl_omni.trainer.diffusion``).
+
 Config layout (a plain dict or an OmegaConf mapping)::
 
     {"robot_radius": 0.18, "collision_samples_per_metre": 50, "max_step_m": 2.0, "stop_threshold": 0.5,
@@ -209,6 +214,7 @@ class RewardSet:
         diagnostics: dict[str, np.ndarray] = {}
         warnings: list[str] = []
         geometry = None
+        layer_valid = np.ones((n, len(LAYER_NAMES)), dtype=bool)
         if any(m.needs_geometry for m in self.active_modules):
             geometry = compute_geometry(batch, self.scene_cache, self.geometry_config)
             warnings += geometry.warnings
@@ -216,6 +222,8 @@ class RewardSet:
             diagnostics["geometry/stop_step"] = geometry.stop_step.astype(np.float32)
             diagnostics["geometry/collision_step"] = geometry.collision_step.astype(np.float32)
             diagnostics["geometry/end_step"] = geometry.end_step.astype(np.float32)
+            layer_valid = geometry.layer_valid.copy()
+            diagnostics["geometry/layer_valid"] = layer_valid.astype(np.float32)
         for module in self.active_modules:
             result = module.score(batch, geometry)
             for layer, values in result.scores.items():
@@ -234,8 +242,16 @@ class RewardSet:
                     f"rollout {batch.rollout_id[i]}: non-finite {layer} score replaced by invalid_penalty {penalty}"
                 )
             scores[layer] = np.where(bad, penalty, scores[layer]).astype(np.float32)
+        for g, layer in enumerate(LAYER_NAMES):
+            # Every term already vanishes after the end step; this keeps a dead layer at exactly 0 whatever a
+            # module writes, so that summed scores never count what the mask leaves out of the loss.
+            scores[layer] = np.where(layer_valid[:, g], scores[layer], 0.0).astype(np.float32)
         return RewardOutput(
-            scores=scores, diagnostics=diagnostics, warnings=warnings, rollout_id=list(batch.rollout_id)
+            scores=scores,
+            diagnostics=diagnostics,
+            warnings=warnings,
+            rollout_id=list(batch.rollout_id),
+            layer_valid=layer_valid,
         )
 
 

@@ -2,23 +2,28 @@
 
 The first step with a stop flag ends the episode for scoring. A STOP *happens* when that step exists and
 no hard collision ended the scored episode before it (``RolloutGeometry.stopped``). Let ``s`` be the STOP
-step, ``k_s = s // 8 + 1`` its chunk, ``p_s`` the pose where the robot stops, ``d_s = |p_s - goal|``
-(Euclidean, metres), ``G_s`` the geodesic distance from ``p_s`` to the goal (metres) and ``rho`` the
-rollout's success radius. Terms (all credited to ``stop_{k_s}``, except the missed STOP):
+step, ``k_s = s // 8 + 1`` its chunk, ``G_s`` the geodesic distance from the STOP pose to the goal (metres)
+and ``rho`` the rollout's success radius. Success is geodesic, ``G_s <= rho``, exactly the closed-loop
+evaluator's rule (``verl_omni.sim.closed_loop``: STOP with the geodesic distance to the goal at most the
+success radius); a Euclidean test would reward STOPs behind a wall next to the goal. Terms (all credited to
+``stop_{k_s}``, except the missed STOP):
 
-* ``success = 1`` when a STOP happens with ``d_s <= rho``.
-* ``premature = min(premature_scale * G_s, premature_cap)`` when a STOP happens with ``d_s > rho``
+* ``success = 1`` when a STOP happens with ``G_s <= rho``.
+* ``premature = min(premature_scale * G_s, premature_cap)`` when a STOP happens with ``G_s > rho``
   (``premature_cap`` also when ``G_s`` is not finite). Proportional to the remaining geodesic distance,
-  so a STOP at 5 rho costs 2.5 times a STOP at 2 rho until the cap.
-* ``near_goal = 1`` when a STOP happens with ``d_s > rho`` and the query state carries the
+  so a STOP at 5 rho costs 2.5 times a STOP at 2 rho until the cap. What the expert would still have gained
+  after the STOP is forfeited on the same layer by the ``navigation`` reward, so a premature STOP always
+  scores below standing still (and below continuing like the expert) from the same pose.
+* ``near_goal = 1`` when a STOP happens with ``G_s > rho`` and the query state carries the
   ``near_goal_continuation`` event (the expert keeps driving near the goal).
-* ``missed = 1`` when the query state carries ``required_stop`` and no STOP happens; credited to
-  ``stop_4`` (the last chunk, where the STOP was due at the latest).
+* ``missed = 1`` when the query state carries ``required_stop`` and no STOP happens; credited to the last
+  live STOP layer (``stop_4``, or the chunk of a hard collision that ended the rollout first: later chunks are
+  masked out of the loss and would swallow the penalty).
 
 ``stop_k = success_reward * success - premature - near_goal_penalty * near_goal - missed_stop_penalty *
 missed`` for the chunk each term is credited to; every other stop layer is 0. Diagnostics (``[N, 4]``, the
 same chunk placement): ``success``, ``premature`` (the capped penalty, already scaled), ``near_goal``,
-``missed``; and ``[N]``: ``stop_distance_m`` (``d_s``, NaN when no STOP happened).
+``missed``; and ``[N]``: ``stop_distance_m`` (``G_s``, NaN when no STOP happened).
 """
 
 from __future__ import annotations
@@ -59,12 +64,11 @@ class StopConfig(RewardModuleConfig):
 def stop_terms(
     stopped: np.ndarray,
     stop_step: np.ndarray,
-    stop_xy: np.ndarray,
     stop_geodesic: np.ndarray,
-    goal: np.ndarray,
     success_radius: np.ndarray,
     required: np.ndarray,
     near_goal_event: np.ndarray,
+    missed_chunk: np.ndarray,
     cfg: StopConfig,
 ) -> dict[str, np.ndarray]:
     """Per-chunk STOP terms.
@@ -72,20 +76,18 @@ def stop_terms(
     Args:
         stopped: ``bool [N]`` a STOP happened.
         stop_step: ``int [N]`` STOP step (any value where ``stopped`` is False).
-        stop_xy: ``[N, 2]`` where the robot stops.
-        stop_geodesic: ``[N]`` geodesic metres to the goal there.
-        goal: ``[N, 2]``.
+        stop_geodesic: ``[N]`` geodesic metres to the goal where the robot stops.
         success_radius: ``[N]`` metres.
         required: ``bool [N]`` the query state requires a STOP.
         near_goal_event: ``bool [N]`` the query state is a near-goal continuation.
+        missed_chunk: ``int [N]`` 0-based chunk a missed STOP is credited to (the last live one).
         cfg: Weights and cap.
 
     Returns:
         ``{"success", "premature", "near_goal", "missed": [N, 4], "stop_distance_m": [N]}``.
     """
-    n = stopped.shape[0]
-    dist = np.hypot(stop_xy[:, 0] - goal[:, 0], stop_xy[:, 1] - goal[:, 1])
-    inside = stopped & (dist <= success_radius)
+    finite = np.isfinite(stop_geodesic)
+    inside = stopped & finite & (np.where(finite, stop_geodesic, np.inf) <= success_radius)
     outside = stopped & ~inside
     at_stop = chunk_of_step(stop_step)[:, None] == np.arange(CHUNKS)[None, :]  # [N, 4]
     premature_value = np.where(
@@ -93,14 +95,14 @@ def stop_terms(
         np.minimum(cfg.premature_scale * np.where(np.isfinite(stop_geodesic), stop_geodesic, 0.0), cfg.premature_cap),
         cfg.premature_cap,
     )
-    missed = np.zeros((n, CHUNKS))
-    missed[:, -1] = required & ~stopped
+    at_missed = np.asarray(missed_chunk)[:, None] == np.arange(CHUNKS)[None, :]
+    missed = (at_missed & (required & ~stopped)[:, None]).astype(np.float64)
     return {
         "success": (at_stop & inside[:, None]).astype(np.float64),
         "premature": np.where(at_stop & outside[:, None], premature_value[:, None], 0.0),
         "near_goal": (at_stop & (outside & near_goal_event)[:, None]).astype(np.float64),
         "missed": missed,
-        "stop_distance_m": np.where(stopped, dist, np.nan),
+        "stop_distance_m": np.where(stopped, stop_geodesic, np.nan),
     }
 
 
@@ -111,17 +113,14 @@ class StopReward(RewardModule):
 
     def score(self, batch: RewardBatch, geometry: RolloutGeometry | None) -> ModuleResult:
         cfg: StopConfig = self.config  # type: ignore[assignment]
-        rows = np.arange(batch.size)
-        end = geometry.end_step
         terms = stop_terms(
             stopped=geometry.stopped,
             stop_step=geometry.stop_step,
-            stop_xy=geometry.scored_poses[rows, end, :2],
-            stop_geodesic=geometry.geodesic[rows, end],
-            goal=np.nan_to_num(batch.goal),
+            stop_geodesic=geometry.stop_geodesic(),
             success_radius=np.nan_to_num(batch.success_radius),
             required=batch.has_event("required_stop") & geometry.valid,
             near_goal_event=batch.has_event("near_goal_continuation"),
+            missed_chunk=np.where(geometry.collided, chunk_of_step(geometry.collision_step), CHUNKS - 1),
             cfg=cfg,
         )
         total = (

@@ -14,7 +14,17 @@ Every action-based reward reads the same ``RolloutGeometry``, computed once per 
 * **Scored poses** ``scored[j] = poses[min(j, E)]``; step ``j`` is *active* iff ``j < E``.
 * **Lookups at scored poses** (nearest cell): ``clearance [N, 33]`` metres and ``geodesic [N, 33]``
   metres to the goal. A non-finite geodesic value after the start is replaced by the previous finite one
-  (no progress credited), with a warning.
+  (no progress credited), with a warning. The same geodesic field is read at the 33 reference poses
+  (``reference_geodesic``): what the expert earns step by step, so that a rollout can be charged the progress
+  it misses and forfeit what the expert would still have earned after its end step.
+* **Reference heading error** ``reference_heading_error [N, 32]``: at scored pose ``j + 1``, the smallest
+  ``|wrap(yaw - ref_yaw_m)|`` over the reference poses ``m`` nearest to it by position. Where the expert
+  turned in place, several reference poses share that position; all of their headings are the expert's own,
+  so the rollout is compared with the closest of them (taking only the lowest index would penalise the
+  expert for its own in-place turns).
+* **Live layers** ``layer_valid [N, 9]`` (:func:`layer_validity`): the layers whose actions still decided
+  something. Scored poses freeze at the end step, so chunks after it carry no decision; they are masked out
+  of the advantages and the loss instead of being credited with zeros.
 
 A rollout is *invalid* (``valid[i] = False``, finite penalty applied by the reward set, warning naming it)
 when its actions, start pose, goal, reference poses or success radius are non-finite, a step is longer
@@ -49,8 +59,10 @@ class GeometryConfig:
         stop_threshold: A decoded stop channel above this value is a STOP.
     """
 
-    robot_radius: float = 0.18
-    collision_samples_per_metre: float = 50.0
+    # 0.2 m: the closed-loop evaluator's footprint (ClosedLoopConfig), the expert planner's and the event
+    # labeller's; a smaller reward footprint would let rollouts graze walls the evaluator counts as collisions.
+    robot_radius: float = 0.2
+    collision_samples_per_metre: float = 40.0
     max_step_m: float = 2.0
     stop_threshold: float = 0.5
 
@@ -81,6 +93,9 @@ class RolloutGeometry:
         reference_poses: ``float64 [N, 33, 3]`` the batch's reference poses (zeros for invalid rollouts).
         reference_distance: ``float64 [N, 32]`` metres from scored pose ``j + 1`` to the reference polyline.
         reference_vertex: ``int64 [N, 32]`` index of the reference pose nearest to scored pose ``j + 1``.
+        reference_geodesic: ``float64 [N, 33]`` metres to goal at the reference poses (finite for valid rollouts).
+        reference_heading_error: ``float64 [N, 32]`` radians, see the module docstring.
+        layer_valid: ``bool [N, 9]`` live layers in ``LAYER_NAMES`` order (:func:`layer_validity`).
         warnings: Messages naming rollouts.
     """
 
@@ -97,6 +112,9 @@ class RolloutGeometry:
     reference_poses: np.ndarray
     reference_distance: np.ndarray
     reference_vertex: np.ndarray
+    reference_geodesic: np.ndarray
+    reference_heading_error: np.ndarray
+    layer_valid: np.ndarray
     warnings: list[str]
 
     @property
@@ -108,6 +126,62 @@ class RolloutGeometry:
     def collided(self) -> np.ndarray:
         """``bool [N]``: a hard collision ended the scored episode."""
         return (self.collision_step < STEPS) & self.valid
+
+    def stop_geodesic(self) -> np.ndarray:
+        """``[N]`` geodesic metres to the goal where the scored episode ends (the STOP pose for a STOP)."""
+        return self.geodesic[np.arange(self.geodesic.shape[0]), self.end_step]
+
+    def succeeded(self, success_radius: np.ndarray) -> np.ndarray:
+        """``bool [N]``: a STOP within ``success_radius`` of the goal, *geodesic* like the evaluator's SR."""
+        return self.stopped & (self.stop_geodesic() <= np.nan_to_num(success_radius))
+
+
+def layer_validity(stop_step: np.ndarray, collision_step: np.ndarray, valid: np.ndarray) -> np.ndarray:
+    """Layers whose actions still decided something, ``bool [N, 9]`` in ``LAYER_NAMES`` order.
+
+    The last decision of the motion channels is step ``s - 1`` for a STOP at ``s`` (the STOP step itself does
+    not move) and step ``c`` for a hard collision at ``c`` (its motion caused the collision); the last decision
+    of the stop channel is step ``s`` (the STOP) or ``c``; without either every step decides. ``nav_k`` is live
+    iff chunk ``k``'s first step ``8(k-1)`` is at most the last motion decision, ``stop_k`` likewise with the last
+    stop decision; ``visual`` is always live, and so is every layer of an invalid rollout (its penalty must
+    reach the policy).
+
+    Args:
+        stop_step: ``int [N]`` first STOP step (32: none).
+        collision_step: ``int [N]`` first colliding step (32: none); ``c < s`` whenever both are set.
+        valid: ``bool [N]``.
+
+    Returns:
+        ``bool [N, 9]``.
+    """
+    stop_step, collision_step = np.asarray(stop_step), np.asarray(collision_step)
+    collided = collision_step < STEPS
+    last_motion = np.where(collided, collision_step, np.minimum(stop_step, STEPS) - 1)
+    last_stop = np.where(collided, collision_step, np.minimum(stop_step, STEPS - 1))
+    first = np.arange(CHUNKS) * CHUNK_STEPS  # first step of each chunk
+    nav = first[None, :] <= last_motion[:, None]
+    stop = first[None, :] <= last_stop[:, None]
+    live = np.concatenate([np.ones((stop_step.shape[0], 1), bool), nav, stop], axis=1)
+    return live | ~np.asarray(valid, bool)[:, None]
+
+
+def nearest_heading_error(points: np.ndarray, yaw: np.ndarray, reference: np.ndarray, tie_m: float = 1e-6):
+    """Heading error against the reference poses nearest to each point (all of them on ties).
+
+    Args:
+        points: ``[N, M, 2]`` positions.
+        yaw: ``[N, M]`` headings at ``points``.
+        reference: ``[N, P, 3]`` reference poses.
+        tie_m: Vertices within this distance of the nearest one count as equally near (an in-place turn
+            repeats the position exactly).
+
+    Returns:
+        ``[N, M]`` radians in ``[0, pi]``: ``min |wrap(yaw - ref_yaw_m)|`` over the nearest vertices ``m``.
+    """
+    dist = np.linalg.norm(points[:, :, None, :] - reference[:, None, :, :2], axis=-1)  # [N, M, P]
+    near = dist <= dist.min(axis=-1, keepdims=True) + tie_m
+    err = np.abs(wrap_angle(yaw[:, :, None] - reference[:, None, :, 2]))
+    return np.where(near, err, np.inf).min(axis=-1)
 
 
 def chunk_sum(per_step: np.ndarray) -> np.ndarray:
@@ -210,6 +284,7 @@ def compute_geometry(batch: RewardBatch, cache: SceneCache, cfg: GeometryConfig)
     scene_index: dict[str, int] = {}
     scene_of = np.array([scene_index.setdefault(s, len(scene_index)) for s in batch.scene_id], dtype=np.int64)
     steps = np.arange(STEPS + 1)
+    reference_geodesic = np.zeros((n, STEPS + 1))
     for scene_id, si in scene_index.items():
         rows = np.flatnonzero((scene_of == si) & pre_valid)
         if rows.size == 0:
@@ -273,6 +348,8 @@ def compute_geometry(batch: RewardBatch, cache: SceneCache, cfg: GeometryConfig)
                 continue
             occupancy, _ = cache.get(scene_id)
             geodesic[rows] = lookup_field(occupancy, field_, scored[rows, :, :2], np.inf)
+            ref_xy = np.nan_to_num(batch.reference_poses[rows, :, :2])
+            reference_geodesic[rows] = lookup_field(occupancy, field_, ref_xy, np.inf)
     unreachable = still_valid & ~np.isfinite(geodesic[:, 0])
     flag(unreachable, "goal unreachable from the start pose (geodesic distance is inf)")
     valid = np.array([not r for r in reasons], dtype=bool)
@@ -285,11 +362,22 @@ def compute_geometry(batch: RewardBatch, cache: SceneCache, cfg: GeometryConfig)
         )
     for i in np.flatnonzero(~valid):
         warnings.append(f"rollout {ids[i]}: invalid ({'; '.join(reasons[i])}); scored with invalid_penalty")
+    # A reference pose without a finite geodesic value (recorded inside an obstacle's cell, or none at the start)
+    # takes the previous finite one: the expert is credited no progress there, so none can be missed or forfeited.
+    reference_geodesic[:, 0] = np.where(np.isfinite(reference_geodesic[:, 0]), reference_geodesic[:, 0], geodesic[:, 0])
+    reference_geodesic[~valid] = 0.0
+    reference_geodesic, ref_filled = _forward_fill(reference_geodesic)
+    for i in np.flatnonzero(ref_filled[:, 1:].any(axis=1) & valid):
+        warnings.append(
+            f"rollout {ids[i]}: geodesic distance undefined at reference pose(s) "
+            f"{np.flatnonzero(ref_filled[i]).tolist()}; previous value kept"
+        )
 
     active = (np.arange(STEPS)[None, :] < end_step[:, None]) & valid[:, None]
     scored[..., 2] = wrap_angle(scored[..., 2])
     reference = np.where(valid[:, None, None], batch.reference_poses, 0.0)
     ref_dist, ref_vertex = point_to_polyline(scored[:, 1:, :2], reference[..., :2])
+    heading_error = nearest_heading_error(scored[:, 1:, :2], scored[:, 1:, 2], reference)
     return RolloutGeometry(
         valid=valid,
         poses=poses,
@@ -304,5 +392,8 @@ def compute_geometry(batch: RewardBatch, cache: SceneCache, cfg: GeometryConfig)
         reference_poses=reference,
         reference_distance=ref_dist,
         reference_vertex=ref_vertex,
+        reference_geodesic=reference_geodesic,
+        reference_heading_error=heading_error,
+        layer_valid=layer_validity(stop_step, collision_step, valid),
         warnings=warnings,
     )

@@ -106,12 +106,22 @@ class RewardOutput:
         diagnostics: ``{"<module>/<term>": [N] or [N, 4]}`` un-weighted terms, per chunk where ``[N, 4]``.
         warnings: Human-readable problems, each naming the rollout (``rollout <id>: ...``) or ``batch: ...``.
         rollout_id: The batch's rollout ids, in order.
+        layer_valid: ``bool [N, 9]`` live layers in ``LAYER_NAMES`` order (chunks after a STOP or a hard
+            collision are dead); None means every layer is live.
     """
 
     scores: dict[str, np.ndarray]
     diagnostics: dict[str, np.ndarray] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
     rollout_id: list[str] = field(default_factory=list)
+    layer_valid: np.ndarray | None = None
+
+    def valid_matrix(self) -> np.ndarray:
+        """``bool [N, len(LAYER_NAMES)]`` live layers (all True when the reward set did not compute them)."""
+        if self.layer_valid is None:
+            n = len(next(iter(self.scores.values()))) if self.scores else 0
+            return np.ones((n, len(LAYER_NAMES)), dtype=bool)
+        return np.asarray(self.layer_valid, dtype=bool)
 
     def as_matrix(self) -> np.ndarray:
         """``float32 [N, len(LAYER_NAMES)]`` scores in ``LAYER_NAMES`` order."""

@@ -10,9 +10,14 @@ steps j of chunk k of penalty_j``):
   atan2(Dy, Dx) - yaw_j - dyaw_j / 2)| - path_tolerance_rad, 0)`` when ``L >= min_motion_m``, else 0
   (rotation in place has no direction of motion). Sideways or backward driving triggers it.
 * **rate**: ``penalty_j = max(|dyaw_j| - rate_limit_rad, 0)`` with ``dyaw_j = wrap(yaw_{j+1} - yaw_j)``.
+  The limit must sit above the expert's own turn rate (the planner turns up to 30 degrees per step), or the
+  guard would penalise imitating the expert.
 * **reference**: heading after the step vs the heading of the nearest reference pose (by position):
-  ``penalty_j = max(|wrap(yaw_{j+1} - ref_yaw_{m})| - reference_tolerance_rad, 0)``, ``m`` the index of
-  the reference pose closest to scored pose ``j + 1`` (lowest index on ties).
+  ``penalty_j = max(e_j - reference_tolerance_rad, 0)`` with ``e_j = min over m |wrap(yaw_{j+1} - ref_yaw_m)|``,
+  ``m`` ranging over the reference poses closest to scored pose ``j + 1``
+  (``RolloutGeometry.reference_heading_error``). Where the expert turned in place several reference poses
+  share one position and every heading it passed through there is its own, so the guard compares with the
+  closest of them; the expert itself scores 0.
 
 ``nav_k = -(path_weight * path_k + rate_weight * rate_k + reference_weight * reference_k)``. Diagnostics
 (``[N, 4]``): ``path``, ``rate``, ``reference`` (un-weighted, >= 0).
@@ -46,7 +51,7 @@ class YawConfig(RewardModuleConfig):
     path_tolerance_rad: float = 0.35
     min_motion_m: float = 0.02
     rate_weight: float = 0.5
-    rate_limit_rad: float = 0.4
+    rate_limit_rad: float = 0.55
     reference_weight: float = 0.25
     reference_tolerance_rad: float = 0.5
 
@@ -65,13 +70,14 @@ class YawConfig(RewardModuleConfig):
 
 
 def yaw_guard_penalties(
-    scored_poses: np.ndarray, reference_yaw: np.ndarray, cfg: YawConfig
+    scored_poses: np.ndarray, reference_heading_error: np.ndarray, cfg: YawConfig
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Per-step penalties of the three guards (before masking by active steps).
 
     Args:
         scored_poses: ``[N, 33, 3]``.
-        reference_yaw: ``[N, 32]`` yaw of the reference pose nearest to scored pose ``j + 1``.
+        reference_heading_error: ``[N, 32]`` radians between the heading at scored pose ``j + 1`` and the
+            closest heading of the reference poses nearest to it.
         cfg: Tolerances and limits.
 
     Returns:
@@ -85,7 +91,7 @@ def yaw_guard_penalties(
     path_err = np.abs(wrap_angle(motion_dir - prev[..., 2] - 0.5 * dyaw))
     path = np.where(length >= cfg.min_motion_m, np.maximum(path_err - cfg.path_tolerance_rad, 0.0), 0.0)
     rate = np.maximum(np.abs(dyaw) - cfg.rate_limit_rad, 0.0)
-    reference = np.maximum(np.abs(wrap_angle(nxt[..., 2] - reference_yaw)) - cfg.reference_tolerance_rad, 0.0)
+    reference = np.maximum(reference_heading_error - cfg.reference_tolerance_rad, 0.0)
     return path, rate, reference
 
 
@@ -96,8 +102,7 @@ class YawReward(RewardModule):
 
     def score(self, batch: RewardBatch, geometry: RolloutGeometry | None) -> ModuleResult:
         cfg: YawConfig = self.config  # type: ignore[assignment]
-        reference_yaw = np.take_along_axis(geometry.reference_poses[..., 2], geometry.reference_vertex, axis=1)
-        per_step = yaw_guard_penalties(geometry.scored_poses, reference_yaw, cfg)
+        per_step = yaw_guard_penalties(geometry.scored_poses, geometry.reference_heading_error, cfg)
         path, rate, reference = (chunk_sum(np.where(geometry.active, p, 0.0)) / CHUNK_STEPS for p in per_step)
         total = -(cfg.path_weight * path + cfg.rate_weight * rate + cfg.reference_weight * reference)
         return ModuleResult(

@@ -1,0 +1,74 @@
+"""Prints how the locked reward set ranks scripted behaviours on the query states of a GN0 collection.
+
+The closed-loop evaluator prefers expert > noisy imitator > standing still > stopping at once; this prints the
+mean reward per layer and of the summed layers of each (``verl_omni.utils.reward_score.ranking``), and whether
+the summed reward orders them the same way. Without ``--collection`` it synthesizes the study's collection
+(8 scenes x 6 episodes, seed 11: 461 query states) into a temporary folder first (about 20 s on one core);
+the image size does not change the poses, so 16 px keeps that cheap.
+
+    python scripts/reward_ranking.py
+    python scripts/reward_ranking.py --collection DIR --occupancy-root DIR [--config locked.yaml]
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+LOCKED = REPO / "recipes" / "wnm_3d" / "stage3" / "config" / "locked.yaml"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--collection", type=Path, help="GN0 collection folder (default: synthesize one)")
+    p.add_argument("--occupancy-root", type=Path, help="its occupancy scenes (required with --collection)")
+    p.add_argument("--config", type=Path, default=LOCKED, help="YAML holding reward.reward_set (default: locked)")
+    p.add_argument("--num-scenes", type=int, default=8, help="scenes to synthesize (default 8)")
+    p.add_argument("--episodes-per-scene", type=int, default=6, help="episodes per scene (default 6)")
+    p.add_argument("--seed", type=int, default=11, help="collection seed (default 11, the study's)")
+    p.add_argument("--heading-noise-rad", type=float, default=0.25, help="noisy imitator's dyaw noise std")
+    p.add_argument("--noise-seed", type=int, default=0, help="seed of the imitator's noise (default 0)")
+    return p
+
+
+def synthesize(out: Path, args) -> tuple[Path, Path]:
+    collection, occupancy = out / "collection", out / "occupancy"
+    cmd = [sys.executable, str(REPO / "tools" / "data" / "synthesize_gn0_collection.py")]
+    cmd += ["--output-dir", str(collection), "--occupancy-dir", str(occupancy), "--image-size", "16"]
+    cmd += ["--num-scenes", str(args.num_scenes), "--episodes-per-scene", str(args.episodes_per_scene)]
+    cmd += ["--seed", str(args.seed)]
+    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return collection, occupancy
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if (args.collection is None) != (args.occupancy_root is None):
+        raise SystemExit("--collection and --occupancy-root go together")
+    import yaml
+
+    from verl_omni.utils.reward_score import build_reward_set
+    from verl_omni.utils.reward_score.ranking import POLICIES, format_table, load_query_states, rank_policies
+
+    reward_cfg = dict(yaml.safe_load(args.config.read_text())["reward"]["reward_set"])
+    with tempfile.TemporaryDirectory(prefix="reward_ranking-") as tmp:
+        collection, occupancy = args.collection, args.occupancy_root
+        if collection is None:
+            collection, occupancy = synthesize(Path(tmp), args)
+        reward_cfg["occupancy_root"] = str(occupancy)
+        states = load_query_states(collection)
+        table = rank_policies(build_reward_set(reward_cfg), states, POLICIES, args.heading_noise_rad, args.noise_seed)
+    print(f"{states.size} query states; reward set from {args.config.name}; mean reward per rollout\n")
+    print(format_table(table))
+    totals = [table[p]["total"] for p in POLICIES]
+    ordered = all(a > b for a, b in zip(totals, totals[1:]))
+    print(f"\nsummed reward orders {' > '.join(POLICIES)}: {'yes' if ordered else 'NO'}")
+    return 0 if ordered else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
