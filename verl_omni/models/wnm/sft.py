@@ -61,8 +61,11 @@ def _episode_examples(job: tuple[str, str, int]) -> list[ExpertExample]:
     except RecordRejected:
         return []  # the converter reports rejected records; SFT simply learns from the valid ones
     out = []
+    # One forward decode of the episode video serves every query (a seek per query costs far more).
+    last = max((q.t for q in ep.queries), default=-1)
+    frames = read_frames(root / ep.video, list(range(last + 1))) if last >= 0 else None
     for q in ep.queries:
-        history = read_frames(root / ep.video, history_indices(q.t, history_frames))
+        history = frames[history_indices(q.t, history_frames)]
         target = read_frames(root / q.reference_video, list(range(len(q.reference_poses))))
         actions = poses_to_actions(q.reference_poses, q.reference_stop)
         out.append(ExpertExample(episode_id, history, target, actions, tuple(ep.instructions)))
