@@ -103,6 +103,35 @@ def test_launch_trains_two_steps_on_cpu(stage3_workspace, tmp_path):
     assert list((out_dir / "logs").glob("driver_*.log"))
     assert list(out_dir.rglob("events.out.tfevents.*")), "no TensorBoard events under WAM_OUTPUT_DIR"
 
+    # Relaunch checks of validate.sh against the run directory (the same as the driver's, before Ray starts).
+    assert (out_dir / "run_provenance.json").is_file()
+    env_file = write_paths_env(tmp_path / "paths.env", values)
+    proc = run_script("validate.sh", env_file)
+    assert proc.returncode == 0 and TOKEN in proc.stdout, proc.stdout + proc.stderr
+    assert f"resumes from verified checkpoint {out_dir / 'global_step_2'}" in proc.stdout
+    # A longer run needs the explicit override; with it the check passes and says what it accepted.
+    proc = run_script("validate.sh", env_file, env={"WAM_TOTAL_STEPS": "3"})
+    assert proc.returncode == 1 and TOKEN not in proc.stdout
+    assert "setting:trainer.total_steps [may change on resume]: recorded 2, now 3" in proc.stdout
+    assert "WAM_RESUME_OVERRIDE=trainer.total_steps bash recipes/wnm_3d/stage3/launch.sh" in proc.stdout
+    proc = run_script("validate.sh", env_file, env={"WAM_TOTAL_STEPS": "3", "WAM_RESUME_OVERRIDE": "WAM_TOTAL_STEPS"})
+    assert proc.returncode == 0 and TOKEN in proc.stdout, proc.stdout + proc.stderr
+    assert "accepted setting:trainer.total_steps: 2 -> 3" in proc.stdout
+    # Another validation set (here: the Parquet form of a copy with other recorded arguments) is refused, and
+    # launch.sh refuses it too before starting anything.
+    import json
+    import shutil
+
+    other_val = tmp_path / "val_other"
+    shutil.copytree(stage3_workspace.val, other_val)
+    manifest = json.loads((other_val / "manifest.json").read_text())
+    manifest["args"]["seed_note"] = "edited"
+    (other_val / "manifest.json").write_text(json.dumps(manifest))
+    proc = run_script("launch.sh", env_file, env={"WAM_EVENT_VAL_FILE": str(other_val / "event_val.parquet")})
+    assert proc.returncode == 1 and TOKEN not in proc.stdout
+    assert "dataset:data.val_file: recorded" in proc.stdout and "set WAM_OUTPUT_DIR to a new directory" in proc.stdout
+    assert "nothing was started" in proc.stderr
+
 
 @needs_driver
 def test_two_node_loopback_cluster_trains_one_step(stage3_workspace, tmp_path):

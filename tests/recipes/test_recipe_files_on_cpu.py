@@ -96,6 +96,7 @@ def test_paths_env_example_documents_every_variable():
         "NNODES",
         "NODE_RANK",
         "MASTER_ADDR",
+        "WAM_RESUME_OVERRIDE",
     ]
     assert [n for n in design if n not in names] == []
 

@@ -224,3 +224,26 @@ def test_collection_frame_size_differs_from_checkpoint(check, stage3_workspace, 
     rc, out = check(WAM_DATA_ROOT=train)
     assert rc == 1 and TOKEN not in out
     assert "has image_size [32, 32] but the checkpoint's transform_metadata.image_size is [64, 64]" in out
+
+
+def test_event_val_as_the_parquet_file_the_reference_documents(check, stage3_workspace):
+    rc, out = check(WAM_EVENT_VAL_FILE=stage3_workspace.val / "event_val.parquet")
+    assert rc == 0 and out.strip().splitlines()[-1] == TOKEN, out
+    rc, out = check(WAM_EVENT_VAL_FILE=stage3_workspace.val / "manifest.json")
+    assert rc == 0 and out.strip().splitlines()[-1] == TOKEN, out
+
+
+def test_event_val_parquet_not_listed_or_without_manifest(check, stage3_workspace, tmp_path):
+    val = tmp_path / "val_copy"
+    shutil.copytree(stage3_workspace.val, val)
+    stray = val / "other.parquet"
+    shutil.copy(val / "event_val.parquet", stray)
+    rc, out = check(WAM_EVENT_VAL_FILE=stray)
+    assert rc == 1 and TOKEN not in out
+    assert f"WAM_EVENT_VAL_FILE={stray}: not a shard listed in {val / 'manifest.json'}" in out
+    alone = tmp_path / "alone"
+    alone.mkdir()
+    shutil.copy(val / "event_val.parquet", alone / "event_val.parquet")
+    rc, out = check(WAM_EVENT_VAL_FILE=alone / "event_val.parquet")
+    assert rc == 1 and TOKEN not in out
+    assert "no manifest.json beside the Parquet file" in out

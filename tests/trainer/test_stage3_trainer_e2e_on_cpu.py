@@ -219,3 +219,121 @@ def test_dead_actor_worker_stops_the_run_naming_the_last_checkpoint(stage3_works
     assert "ERROR: a worker failed" in stdout
     assert f"last complete checkpoint: {out / f'global_step_{latest}'}" in stdout
     assert "run the same launch command again to resume" in stdout
+
+
+def _relaunch(cfg_dir: Path, extra_env: dict | None = None, timeout: int = 900) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "WAM_RESUME_OVERRIDE")}
+    env.update({"PYTHONHASHSEED": "0", "OMP_NUM_THREADS": "1", **(extra_env or {})})
+    return subprocess.run(
+        [sys.executable, "-m", "verl_omni.trainer.main_stage3", "--config-path", str(cfg_dir), "--config-name", "run"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def _copy_run(trained_run, dest: Path) -> Path:
+    import shutil
+
+    shutil.copytree(trained_run["output_dir"], dest, ignore=shutil.ignore_patterns("ray_address.txt"))
+    return dest
+
+
+@pytest.mark.timeout(900)
+def test_damaged_newest_checkpoint_falls_back_and_nonfinite_updates_stop_naming_the_good_one(trained_run, tmp_path):
+    # A copy of the 2-step run with one shard of global_step_2 cut short, relaunched with non-finite gradients
+    # injected into every update and algorithm.max_nonfinite_updates lowered to 1 (an explicit, logged override):
+    # the driver must skip the damaged step 2 loudly, resume from step 1, stop after step 2's non-finite
+    # updates with exit 4, and name global_step_1 (intact) as the last good checkpoint, never global_step_2.
+    from verl_omni.trainer import checkpointing
+
+    out = _copy_run(trained_run, tmp_path / "out")
+    shard = out / "global_step_2" / "actor" / "__0_0.distcp"
+    size = shard.stat().st_size
+    with open(shard, "r+b") as f:
+        f.truncate(size // 2)
+    cfg = tmp_path / "cfg"
+    write_trainer_config(cfg / "run.yaml", trained_run["workspace"], out, **{"algorithm.max_nonfinite_updates": 1})
+    proc = _relaunch(
+        cfg,
+        {
+            "WAM_RESUME_OVERRIDE": "algorithm.max_nonfinite_updates",
+            "WAM_RAY_WORKER_SETUP_HOOK": "nonfinite_grad_hook.install",
+            "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), str(REPO), os.environ.get("PYTHONPATH", "")]),
+        },
+    )
+    text = proc.stdout + proc.stderr
+    assert proc.returncode == 4, text[-6000:]
+    assert "WARNING: the newest checkpoint(s) are damaged and are NOT used" in text
+    assert f"{shard}: {size // 2} bytes, the manifest records {size} (truncated or replaced)" in text
+    assert f"resumed from {out / 'global_step_1'} (step 1)" in text
+    assert "WAM_RESUME_OVERRIDE: accepted setting:algorithm.max_nonfinite_updates: 3 -> 1" in text
+    m = _metrics(out)
+    assert sorted(m) == [1, 2]  # step 2 trained again, nothing after it
+    skipped = int(m[2]["actor/skipped_nonfinite_updates"])
+    # 2 prompts per step, 1 prompt per mini-batch, 1 PPO epoch: 2 updates, each non-finite (unless skipped as a
+    # zero-signal mini-batch, which never reaches the optimizer).
+    assert skipped + int(m[2]["advantages/skipped_minibatches"]) == 2 and skipped >= 1
+    assert f"stopping: {skipped} updates had a NaN/inf loss or gradient (algorithm.max_nonfinite_updates=1)" in text
+    assert f"the last good checkpoint is {out / 'global_step_1'};" in text
+    assert f"checkpoint is {out / 'global_step_2'}" not in text
+    assert checkpointing.verify_checkpoint(out / "global_step_1") == []
+    assert checkpointing.verify_checkpoint(out / "global_step_2") != []  # untouched: nothing saved after the stop
+    assert (out / checkpointing.POINTER).read_text().strip() == "2"
+
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    ea = EventAccumulator(str(out / "tensorboard"), size_guidance={"scalars": 0})
+    ea.Reload()
+    fallback = ea.Scalars("checkpoint/resume_fallback")
+    assert [(e.step, e.value) for e in fallback] == [(1, 1.0)]
+
+
+def test_relaunch_onto_other_data_validation_set_or_constants_is_refused_before_ray(trained_run, tmp_path):
+    ws = trained_run["workspace"]
+    out = _copy_run(trained_run, tmp_path / "out")
+    other_train = tmp_path / "train_seed7"
+    run_cli(
+        [
+            "tools/data/sample_stage3_train.py",
+            "--source-manifest",
+            str(ws["converted"] / "manifest.json"),
+            "--output-dir",
+            str(other_train),
+            "--train-size",
+            str(ws["train_size"]),
+            "--shard-size",
+            "256",
+            "--seed",
+            "7",
+        ]
+    )
+    other_val = tmp_path / "eventval_copy"
+    import shutil
+
+    # Another validation set: a copy whose manifest records other tool arguments (another content identity).
+    shutil.copytree(ws["eventval"], other_val)
+    manifest = json.loads((other_val / "manifest.json").read_text())
+    manifest["args"]["per_event"] = "edited"  # any content change gives another identity
+    (other_val / "manifest.json").write_text(json.dumps(manifest))
+    cfg = tmp_path / "cfg"
+    changed = {**ws, "train": other_train, "eventval_file": other_val / "event_val.parquet"}
+    write_trainer_config(cfg / "run.yaml", changed, out, **{"rollout.eta": 0.5})
+    proc = _relaunch(cfg, timeout=300)
+    text = proc.stdout + proc.stderr
+    assert proc.returncode == 2, text[-4000:]
+    assert f"{out} was started with other inputs; refusing to resume onto them (3 item(s))" in text
+    assert 'dataset:data.train_root: recorded "train_subset:' in text
+    assert 'dataset:data.val_file: recorded "event_val:' in text
+    assert "locked:rollout.eta: recorded 0.7, now 0.5" in text
+    assert "set WAM_OUTPUT_DIR to a new directory" in text and "WAM_RESUME_OVERRIDE" in text
+    assert "actor ranks" not in text and "resumed from" not in text  # refused before Ray and workers
+
+    write_trainer_config(cfg / "run.yaml", ws, out, **{"trainer.total_steps": 3})
+    proc = _relaunch(cfg, timeout=300)
+    text = proc.stdout + proc.stderr
+    assert proc.returncode == 2, text[-4000:]
+    assert "setting:trainer.total_steps [may change on resume]: recorded 2, now 3" in text
+    assert "WAM_RESUME_OVERRIDE=trainer.total_steps bash recipes/wnm_3d/stage3/launch.sh" in text

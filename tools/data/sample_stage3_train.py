@@ -46,7 +46,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         validate_manifest,
         write_manifest,
     )
-    from verl_omni.data.parquet_io import read_shards, write_table_shards
+    from verl_omni.data.parquet_io import read_shard, read_shards, write_table_shards
     from verl_omni.data.sampling import SubsetTooLargeError, sample_one_row_per_episode
     from verl_omni.data.staging import OutputExistsError, check_output_dir_free, staged_output_dir
 
@@ -66,9 +66,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         raise CliError(str(e)) from e
 
     started = time.perf_counter()
-    train = read_shards(shard_paths(source_path, source, split="train"))
-    sample_ids = train.column("sample_id").to_pylist()
-    episode_ids = train.column("episode_id").to_pylist()
+    # Only the two id columns of the whole converted set are read; the chosen rows are then taken shard by
+    # shard, so memory grows with the subset, not with the collection.
+    train_paths = shard_paths(source_path, source, split="train")
+    ids = read_shards(train_paths, columns=["sample_id", "episode_id"])
+    sample_ids = ids.column("sample_id").to_pylist()
+    episode_ids = ids.column("episode_id").to_pylist()
     eligible = len(set(episode_ids))
     try:
         picked = sample_one_row_per_episode(sample_ids, episode_ids, args.train_size, args.seed)
@@ -77,7 +80,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"--train-size {args.train_size}: {e} in the train split of {source_path}; lower --train-size "
             f"or convert more episodes (nothing was written)"
         ) from e
-    subset = train.take(picked)
+    subset = _take_rows(train_paths, picked, read_shard)
     scenes = sorted(set(subset.column("scene_id").to_pylist()))
 
     with staged_output_dir(out_dir) as tmp:
@@ -116,7 +119,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "source_content_sha256": manifest_content_sha256(source),
                 "source_counts": source["counts"],
                 "eligible_episodes": eligible,
-                "eligible_rows": train.num_rows,
+                "eligible_rows": ids.num_rows,
                 "seed": args.seed,
                 "train_size": args.train_size,
                 "rule": "one row per source episode; rows and episodes ranked by sha256(seed, id)",
@@ -128,11 +131,32 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     print(
         f"wrote {out_dir}: {args.train_size} rows from {args.train_size} distinct episodes "
-        f"(eligible: {eligible} episodes, {train.num_rows} train rows) in {len(shards)} shard(s)"
+        f"(eligible: {eligible} episodes, {ids.num_rows} train rows) in {len(shards)} shard(s)"
     )
     print(f"speed: {rate(args.train_size, elapsed):.1f} rows/s ({elapsed:.2f} s)")
     print(f"manifest content sha256: {manifest_content_sha256(manifest)}")
     return EXIT_OK
+
+
+def _take_rows(paths: list, picked, read_shard):
+    """Rows at global positions ``picked`` (in that order) of the concatenation of ``paths``, one shard in
+    memory at a time."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    picked = np.asarray(picked, dtype=np.int64)
+    bounds = np.cumsum([0] + [pq.read_metadata(p).num_rows for p in paths])
+    parts, where = [], []
+    for k, path in enumerate(paths):
+        mine = np.nonzero((picked >= bounds[k]) & (picked < bounds[k + 1]))[0]
+        if len(mine):
+            parts.append(read_shard(path).take(pa.array(picked[mine] - bounds[k])))
+            where.append(mine)
+    table = pa.concat_tables(parts)
+    order = np.empty(len(picked), dtype=np.int64)
+    order[np.concatenate(where)] = np.arange(len(picked))
+    return table.take(pa.array(order))
 
 
 if __name__ == "__main__":

@@ -128,9 +128,13 @@ def write_manifest(directory: str | Path, manifest: Mapping[str, Any]) -> Path:
 
 
 def resolve_manifest_path(path: str | Path) -> Path:
-    """Accepts a manifest file or a directory containing ``manifest.json``."""
+    """Accepts a manifest file, a directory containing ``manifest.json``, or a Parquet shard beside one."""
     p = Path(path).expanduser()
-    return p / MANIFEST_NAME if p.is_dir() else p
+    if p.is_dir():
+        return p / MANIFEST_NAME
+    if p.suffix == ".parquet":
+        return p.with_name(MANIFEST_NAME)
+    return p
 
 
 def read_manifest(path: str | Path) -> dict:

@@ -78,8 +78,8 @@ LOCKED_CONSTANTS: dict[str, Any] = {
     },
     "reward": {
         "reward_set": {
-            "robot_radius": 0.18,
-            "collision_samples_per_metre": 50.0,
+            "robot_radius": 0.2,
+            "collision_samples_per_metre": 40.0,
             "max_step_m": 2.0,
             "stop_threshold": 0.5,
             "invalid_penalty": -5.0,
@@ -94,7 +94,7 @@ LOCKED_CONSTANTS: dict[str, Any] = {
                 },
                 "collision": {
                     "weight": 1.0,
-                    "hard_penalty": 2.0,
+                    "hard_penalty": 1.0,
                     "risk_weight": 0.5,
                     "safety_clearance_m": 0.4,
                     "recovery_weight": 1.0,
@@ -106,7 +106,7 @@ LOCKED_CONSTANTS: dict[str, Any] = {
                     "path_tolerance_rad": 0.35,
                     "min_motion_m": 0.02,
                     "rate_weight": 0.5,
-                    "rate_limit_rad": 0.4,
+                    "rate_limit_rad": 0.55,
                     "reference_weight": 0.25,
                     "reference_tolerance_rad": 0.5,
                 },
@@ -136,8 +136,8 @@ REQUIRED_PATHS = {
     "WAM_DATA_CONTRACT_CHECKPOINT": "the checkpoint directory the data was converted with "
     "(--checkpoint of the converter)",
     "WAM_DATA_ROOT": "the training dataset directory written by tools/data/sample_stage3_train.py",
-    "WAM_EVENT_VAL_FILE": "the validation dataset directory (or its manifest.json) written by "
-    "tools/data/build_vggt_stage3_event_val.py",
+    "WAM_EVENT_VAL_FILE": "the event-balanced validation Parquet (event_val.parquet), its directory or its "
+    "manifest.json, written by tools/data/build_vggt_stage3_event_val.py",
 }
 OPTIONAL_SOURCES = {
     "WNM3D_SOURCE_ROOT": "the external WNM-3D checkout (leave empty for the built-in WNM model)",
@@ -534,6 +534,63 @@ def _video_problems(var: str, manifest_path: Path, manifest: Mapping[str, Any]) 
     return problems
 
 
+def _parquet_listing_problem(var: str, path: Path) -> str | None:
+    """A Parquet file given for a dataset must be a shard listed in the ``manifest.json`` beside it."""
+    from verl_omni.data.manifest import MANIFEST_NAME, ManifestError, read_manifest
+
+    manifest_path = path.parent / MANIFEST_NAME
+    if not manifest_path.is_file():
+        return (
+            f"{var}={path}: no {MANIFEST_NAME} beside the Parquet file; keep the file in the directory the tool "
+            "wrote (with its manifest.json)"
+        )
+    try:
+        files = [str(sh.get("file")) for sh in read_manifest(manifest_path).get("shards", [])]
+    except ManifestError as e:
+        return f"{var}={path}: {e}"
+    if path.name not in files:
+        return f"{var}={path}: not a shard listed in {manifest_path} (it lists {files}); point it at a listed file"
+    return None
+
+
+def check_run_provenance(s: Settings, plan: Plan, report: Report, env: Mapping[str, str]) -> None:
+    """The same checks the driver makes on relaunch into WAM_OUTPUT_DIR: provenance and checkpoint integrity."""
+    from verl_omni.trainer import checkpointing
+    from verl_omni.trainer.config import trainer_config_from_dict
+
+    out = s.output_dir
+    if out is None or not out.is_dir():
+        return
+    cfg = trainer_config_from_dict(copy.deepcopy(plan.resolved))
+    try:
+        result = checkpointing.check_provenance(out, checkpointing.run_provenance(cfg.to_dict()), env)
+    except checkpointing.ProvenanceError as e:
+        report.fail("WAM_OUTPUT_DIR", f"WAM_OUTPUT_DIR={out}: {e}")
+        return
+    for msg in result.messages:
+        report.note(msg)
+    if cfg.trainer.resume == "never":
+        return
+    try:
+        choice = checkpointing.choose_resume(out)
+    except checkpointing.CheckpointIntegrityError as e:
+        report.fail("WAM_OUTPUT_DIR", f"WAM_OUTPUT_DIR={out}: {e}")
+        return
+    if choice.step is None:
+        report.ok(f"run directory: {out} holds no checkpoint; a new run starts")
+        return
+    foreign = checkpointing.foreign_checkpoint_problem(out, choice.step, choice.path)
+    if foreign:
+        report.fail("WAM_OUTPUT_DIR", f"WAM_OUTPUT_DIR={out}: {foreign}")
+        return
+    if choice.fell_back:
+        report.note(
+            f"WAM_OUTPUT_DIR: newer checkpoint(s) are damaged and will not be used:\n{choice.describe_damage()}\n"
+            f"  the run resumes from the newest intact checkpoint {choice.path}"
+        )
+    report.ok(f"run directory: provenance matches; resumes from verified checkpoint {choice.path}")
+
+
 def check_data(s: Settings, contract: dict, report: Report) -> None:
     """Training and validation datasets against their manifests, the checkpoints and each other."""
     from verl_omni.data.manifest import read_manifest, resolve_manifest_path
@@ -550,8 +607,11 @@ def check_data(s: Settings, contract: dict, report: Report) -> None:
         if path is None:
             continue
         if path.is_file() and path.suffix == ".parquet":
-            report.fail(var, f"{var}={path} is a Parquet file: point it at its directory (with manifest.json)")
-            continue
+            # The reference names the Parquet file itself; its manifest beside it must list it.
+            listed = _parquet_listing_problem(var, path)
+            if listed:
+                report.fail(var, listed)
+                continue
         problems = _dataset_problems(var, path, kind, contract, init_path, **kwargs)
         manifest_path = resolve_manifest_path(path)
         if not problems:
@@ -727,6 +787,8 @@ def run_checks(env: Mapping[str, str], config_dir: Path, paths_env: str = "") ->
     plan = None
     if not report.failures:
         plan = check_config(s, env, config_dir, report)
+        if plan is not None:
+            check_run_provenance(s, plan, report, env)
     else:
         # Locked constants are checked even when other items failed: a changed constant must always be named.
         import yaml

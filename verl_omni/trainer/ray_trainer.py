@@ -115,14 +115,16 @@ class Stage3Trainer:
             # because Ray's socket paths must fit in 107 bytes.
             self._ray_tmp = os.environ.get("WAM_RAY_TMPDIR") or tempfile.mkdtemp(prefix="wnm_ray_", dir="/tmp")
             cpus = max(os.cpu_count() or 2, self.cfg.topology.world_size + self.cfg.reward.num_workers)
-            ray.init(
-                num_cpus=cpus,
-                _temp_dir=self._ray_tmp,
-                include_dashboard=False,
-                runtime_env={
-                    "env_vars": {"PYTHONHASHSEED": "0", "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
-                },
-            )
+            runtime_env: dict = {
+                "env_vars": {"PYTHONHASHSEED": "0", "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+            }
+            hook = os.environ.get("WAM_RAY_WORKER_SETUP_HOOK", "").strip()
+            if hook:
+                # "module.function" run by Ray in every worker process before it runs anything (profilers,
+                # fault injection in tests); logged because it changes what the workers do.
+                runtime_env["worker_process_setup_hook"] = hook
+                self._log(f"WAM_RAY_WORKER_SETUP_HOOK={hook}: Ray runs it in every worker process")
+            ray.init(num_cpus=cpus, _temp_dir=self._ray_tmp, include_dashboard=False, runtime_env=runtime_env)
             self._ray_started_here = True
         # Tools that talk to the live run (hot save) find the cluster here.
         checkpointing.atomic_write_text(self.out / "ray_address.txt", ray.get_runtime_context().gcs_address + "\n")
@@ -230,6 +232,7 @@ class Stage3Trainer:
                 checkpointing.atomic_write_text(
                     part / checkpointing.TRAINER_STATE, json.dumps(state, indent=2, sort_keys=True) + "\n"
                 )
+                checkpointing.write_files_manifest(part, step)
                 part.rename(dest)
                 result = {"state": "done", "path": str(dest), "step": step, "seconds": time.perf_counter() - t0}
                 self._log(f"hot-save snapshot of step {step} written to {dest}")
@@ -326,8 +329,8 @@ class Stage3Trainer:
             "score_s": float(max(o["score_s"] for o in outs)),
         }
 
-    def _advantages(self, scores: np.ndarray, results):
-        from verl_omni.trainer.diffusion.advantages import compute_layer_advantages
+    def _advantages(self, scores: np.ndarray, results, valid: np.ndarray | None = None):
+        from verl_omni.trainer.diffusion.advantages import compute_layer_advantages, with_loss_mask
         from verl_omni.trainer.diffusion.config import AdvantageConfig
 
         a = self.cfg.algorithm
@@ -346,9 +349,14 @@ class Stage3Trainer:
             w = torch.tensor([a.layer_weights[n] for n in LAYER_NAMES], dtype=torch.float64)
             total = (rewards * w).sum(dim=1, keepdim=True) / w.sum()
             rewards = total.expand(-1, len(LAYER_NAMES)).contiguous()
-        return compute_layer_advantages(rewards, keys, results.strata, acfg)
+            # Every rollout has a summed reward (statistics over all); dead chunks still leave the loss.
+            return with_loss_mask(compute_layer_advantages(rewards, keys, results.strata, acfg), valid)
+        # valid: the reward set's live layers (geometry/layer_valid); dead chunks leave the statistics and the loss.
+        return compute_layer_advantages(rewards, keys, results.strata, acfg, valid=valid)
 
-    def _micro_batches(self, results, contexts, adv: torch.Tensor, old_logp: torch.Tensor, idx: list[int]) -> list:
+    def _micro_batches(
+        self, results, contexts, adv: torch.Tensor, old_logp: torch.Tensor, idx: list[int], mask=None
+    ) -> list:
         """This rank's rollouts ``idx`` of a mini-batch, cut into micro-batches with their context rows."""
         mb_size = self.cfg.topology.micro_batch_rollouts
         out = []
@@ -364,6 +372,7 @@ class Stage3Trainer:
                     "sigmas": results.sigmas,
                     "old_logprobs": old_logp[sel],
                     "advantages": adv[sel].float(),
+                    "loss_mask": None if mask is None else mask[sel],
                     "context": contexts.select(uniq),
                     "context_rows": inverse,
                     "request_ids": [results.request_ids[i] for i in sel.tolist()],
@@ -407,7 +416,9 @@ class Stage3Trainer:
                 idx = [i for k in group for i in rows_of[k]]
                 for rank, sl in enumerate(split_even(len(idx), g)):
                     per_rank[rank].append(
-                        self._micro_batches(results, contexts, adv_result.advantages, old_logp, idx[sl])
+                        self._micro_batches(
+                            results, contexts, adv_result.advantages, old_logp, idx[sl], adv_result.loss_mask
+                        )
                     )
         return per_rank, skipped
 
@@ -422,10 +433,16 @@ class Stage3Trainer:
                     f"WAM_OUTPUT_DIR or resume=auto"
                 )
             return 0
-        step = checkpointing.latest_step(self.out)
-        if step is None:
+        choice = self.resume_choice  # verified in fit() before Ray started
+        if choice is None or choice.step is None:
             return 0
-        ckpt = checkpointing.step_dir(self.out, step)
+        step, ckpt = choice.step, choice.path
+        if choice.fell_back:
+            self._log(
+                f"WARNING: the newest checkpoint(s) are damaged and are NOT used:\n{choice.describe_damage()}\n"
+                f"  falling back to the newest intact checkpoint {ckpt}; steps after {step} are trained again "
+                f"(TensorBoard: checkpoint/resume_fallback)"
+            )
         state = checkpointing.read_trainer_state(ckpt)
         self._call("load_checkpoint", self.actor_wg.load_checkpoint, str(ckpt / "actor"))
         pos = DataPosition.from_state_dict(state["data_position"], num_rows=len(self.train))
@@ -448,9 +465,19 @@ class Stage3Trainer:
             "time": time.time(),
         }
         final = checkpointing.commit(self.out, step, state)
+        checkpointing.record_checkpoint(self.out, step, final)
         checkpointing.prune(self.out, self.cfg.trainer.max_checkpoints_to_keep)
         self._timed("checkpoint", t0)
         self._log(f"checkpoint {final}")
+
+    def _check_provenance(self) -> None:
+        """Compares the run directory's recorded provenance with this launch; records it (before Ray starts)."""
+        current = checkpointing.run_provenance(self.cfg.to_dict())
+        result = checkpointing.check_provenance(self.out, current)  # raises ProvenanceError on a difference
+        for msg in result.messages:
+            self._log(msg)
+        if result.action != "same":
+            checkpointing.write_provenance(self.out, result.record)
 
     def _metrics_file(self, resume_step: int) -> Path:
         """``metrics.jsonl`` (one line per step), truncated to the resume step so a crash leaves no fork."""
@@ -475,6 +502,18 @@ class Stage3Trainer:
         checkpointing.atomic_write_text(
             self.out / "resolved_config.json", json.dumps(self.snapshot, indent=2, sort_keys=True, default=str) + "\n"
         )
+        self._check_provenance()
+        self.resume_choice = None
+        if cfg.trainer.resume != "never":
+            # Every file of the checkpoint is checked against its manifest before any worker starts or reads it;
+            # raises CheckpointIntegrityError (with the way out) when no checkpoint is intact.
+            self.resume_choice = checkpointing.choose_resume(self.out)
+            if self.resume_choice.step is not None:
+                foreign = checkpointing.foreign_checkpoint_problem(
+                    self.out, self.resume_choice.step, self.resume_choice.path
+                )
+                if foreign:
+                    raise checkpointing.ProvenanceError(foreign)
         self._open_data()
         self.step = 0
         self.nonfinite_total = 0
@@ -484,6 +523,10 @@ class Stage3Trainer:
             start = self._restore()
             self.step = start
             logger = TensorBoardLogger(self.out / "tensorboard", purge_step=start + 1 if start else None)
+            if self.resume_choice is not None and self.resume_choice.fell_back:
+                # Loud in TensorBoard too: how many newer checkpoints were skipped as damaged, at the step resumed.
+                logger.log_scalars({"checkpoint/resume_fallback": float(len(self.resume_choice.damaged))}, start)
+                logger.flush()
             metrics_path = self._metrics_file(start)
             last: dict = {}
             for step in range(start + 1, cfg.trainer.total_steps + 1):
@@ -492,10 +535,12 @@ class Stage3Trainer:
                 with open(metrics_path, "a") as f:
                     f.write(json.dumps({"step": step, **last}, sort_keys=True) + "\n")
                 if self.nonfinite_total >= cfg.algorithm.max_nonfinite_updates:
+                    good = checkpointing.latest_intact(self.out)
                     self._log(
                         f"stopping: {self.nonfinite_total} updates had a NaN/inf loss or gradient "
                         f"(algorithm.max_nonfinite_updates={cfg.algorithm.max_nonfinite_updates}); the last "
-                        f"good checkpoint is step {checkpointing.latest_step(self.out)}"
+                        f"good checkpoint is {good if good is not None else 'none (no intact checkpoint yet)'}; "
+                        "no checkpoint is written after this step"
                     )
                     logger.close()
                     raise FloatingPointError("too many non-finite updates")
@@ -507,12 +552,14 @@ class Stage3Trainer:
             self._print_timing_table()
             return last
         except WorkerFailure as e:
-            latest = checkpointing.latest_step(self.out)
-            where = checkpointing.step_dir(self.out, latest) if latest is not None else "none yet"
-            self._log(
-                f"ERROR: a worker failed: {e}\n  last complete checkpoint: {where}\n  run the same launch "
-                f"command again to resume from it"
+            # Only a checkpoint that passes verification is named as the one to resume from.
+            where = checkpointing.latest_intact(self.out)
+            hint = (
+                f"last complete checkpoint: {where}\n  run the same launch command again to resume from it"
+                if where is not None
+                else "last complete checkpoint: none intact\n  a relaunch starts from the initial checkpoint"
             )
+            self._log(f"ERROR: a worker failed: {e}\n  {hint}")
             raise
         finally:
             self._shutdown()
@@ -551,7 +598,7 @@ class Stage3Trainer:
             if val.size and np.isfinite(val).any():
                 m[f"reward_terms/{key}"] = float(np.nanmean(np.where(np.isfinite(val), val, np.nan)))
 
-        adv = self._advantages(scores, results)
+        adv = self._advantages(scores, results, rew["diagnostics"].get("geometry/layer_valid"))
         m.update(adv.metrics())
         for g, name in enumerate(LAYER_NAMES):
             m[f"advantages/std/{name}"] = float(adv.advantages[:, g].std())
@@ -696,6 +743,9 @@ def run(cfg: Stage3Config, snapshot: dict | None = None) -> int:
     trainer = Stage3Trainer(cfg, snapshot)
     try:
         trainer.fit()
+    except (ConfigError, checkpointing.ProvenanceError, checkpointing.CheckpointIntegrityError) as e:
+        print(f"error: {e}", file=sys.stderr, flush=True)
+        return 2
     except WorkerFailure:
         return 3
     except FloatingPointError:
