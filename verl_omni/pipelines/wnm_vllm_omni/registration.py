@@ -36,9 +36,12 @@ def check() -> int:
     import vllm_omni  # noqa: F401
     from vllm_omni.diffusion.registry import DiffusionModelRegistry
 
+    from verl_omni.pipelines.wnm_vllm_omni.extra import check_pinned_versions, version_report
     from verl_omni.pipelines.wnm_vllm_omni.pipeline import PIPELINE_ARCH, WNMDiTPipeline
 
-    print(f"vllm {md.version('vllm')}, vllm-omni {md.version('vllm-omni')} imported")
+    print(f"imported {version_report()}")
+    diff = check_pinned_versions()
+    print("pinned version set:", "OK" if not diff else f"differs: {diff}")
     if not register():
         print("register() returned False", file=sys.stderr)
         return 1
@@ -47,7 +50,12 @@ def check() -> int:
     print(f"registry resolves {PIPELINE_ARCH} -> {cls!r}: {'OK' if ok else 'MISMATCH'}")
     eps = [ep.value for ep in md.entry_points(group="vllm_omni.general_plugins") if ep.value.startswith("verl_omni")]
     print(f"entry point vllm_omni.general_plugins: {eps or 'MISSING (reinstall verl-omni)'}")
-    return 0 if ok and eps else 1
+    plat = [ep.value for ep in md.entry_points(group="vllm_omni.platform_plugins") if ep.value.startswith("verl_omni")]
+    print(f"entry point vllm_omni.platform_plugins: {plat or 'MISSING (reinstall verl-omni)'}")
+    from vllm_omni.platforms import current_omni_platform
+
+    print(f"vLLM-Omni platform: {type(current_omni_platform).__module__}.{type(current_omni_platform).__name__}")
+    return 0 if ok and eps and plat else 1
 
 
 if __name__ == "__main__":

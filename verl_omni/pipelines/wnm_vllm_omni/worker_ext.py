@@ -8,6 +8,8 @@ samples with them under sequence/CFG parallelism); results are taken from rank 0
 
 from __future__ import annotations
 
+import gc
+
 from verl_omni.pipelines.wnm_vllm_omni.weight_sync import WeightBucket
 
 WORKER_EXTENSION = "verl_omni.pipelines.wnm_vllm_omni.worker_ext.WNMWorkerExtension"
@@ -15,6 +17,27 @@ WORKER_EXTENSION = "verl_omni.pipelines.wnm_vllm_omni.worker_ext.WNMWorkerExtens
 
 class WNMWorkerExtension:
     """Methods added to vLLM-Omni's diffusion worker (``self`` is the worker)."""
+
+    def re_init_pipeline(self, custom_pipeline_args: dict) -> None:
+        """Builds the pipeline named by ``custom_pipeline_args["pipeline_class"]`` in this worker.
+
+        vLLM-Omni 0.28 calls it right after creating a worker whose engine got ``custom_pipeline_args``
+        (``diffusion_worker.py``, ``WorkerWrapperBase``); with our extension set, vLLM-Omni's own
+        ``CustomPipelineWorkerExtension`` is not mixed in, so the same step is done here through the worker's
+        ``load_model(load_format="custom_pipeline")``, which builds the class with ``od_config`` under the
+        worker's forward context (our pipeline then loads the DiT from ``od_config.model``).
+        """
+        name = (custom_pipeline_args or {}).get("pipeline_class")
+        if not name:
+            raise ValueError("re_init_pipeline: custom_pipeline_args has no 'pipeline_class' (VllmOmniEngineConfig)")
+        runner = getattr(self, "model_runner", None)
+        if runner is not None and getattr(runner, "pipeline", None) is not None:
+            runner.pipeline = None
+            gc.collect()
+        self.load_model(load_format="custom_pipeline", custom_pipeline_name=name)
+        init_lora = getattr(self, "init_lora_manager", None)
+        if callable(init_lora):
+            init_lora()
 
     def _wnm_core(self):
         runner = getattr(self, "model_runner", None)
