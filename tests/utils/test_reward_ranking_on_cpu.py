@@ -1,0 +1,93 @@
+"""The locked reward set ranks behaviour like the closed-loop evaluator, on real (synthesized) query states.
+
+A small GN0 collection is synthesized with the user command's code; its recorded query states are scored with
+the real reward registry and the recipe's locked reward set. The evaluator prefers following the expert, then
+imitating it badly (it still makes progress and may still arrive), then standing still (no progress, but the
+episode goes on), then stopping at once (the episode is over and failed); the mean summed reward must agree.
+"""
+
+import importlib.util
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from verl_omni.pipelines.wnm_shared.layers import LAYER_NAMES
+from verl_omni.utils.reward_score import build_reward_set
+from verl_omni.utils.reward_score.ranking import POLICIES, load_query_states, policy_actions, rank_policies
+
+REPO = Path(__file__).resolve().parents[2]
+TOOL = REPO / "tools" / "data" / "synthesize_gn0_collection.py"
+LOCKED = REPO / "recipes" / "wnm_3d" / "stage3" / "config" / "locked.yaml"
+
+
+@pytest.fixture(scope="module")
+def scored(tmp_path_factory):
+    root = tmp_path_factory.mktemp("ranking")
+    spec = importlib.util.spec_from_file_location("synthesize_gn0_collection", TOOL)
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    args = ["--output-dir", str(root / "c"), "--occupancy-dir", str(root / "o"), "--num-scenes", "3"]
+    assert tool.main([*args, "--episodes-per-scene", "3", "--image-size", "16", "--seed", "11"]) == 0
+    cfg = dict(yaml.safe_load(LOCKED.read_text())["reward"]["reward_set"])
+    cfg["occupancy_root"] = str(root / "o")
+    reward_set = build_reward_set(cfg)
+    states = load_query_states(root / "c")
+    return reward_set, states
+
+
+def test_mean_summed_reward_orders_expert_noisy_still_stop(scored):
+    reward_set, states = scored
+    assert states.size >= 40  # real query states, all four events among them
+    assert {e for ev in states.events for e in ev} >= {"collision_precursor", "required_stop"}
+    for seed in (0, 1):
+        table = rank_policies(reward_set, states, POLICIES, heading_noise_rad=0.25, seed=seed)
+        totals = [table[p]["total"] for p in POLICIES]
+        assert totals == sorted(totals, reverse=True) and len(set(totals)) == 4, (seed, totals)
+
+
+def test_expert_pays_no_guard_for_its_own_motion(scored):
+    # The expert's turns (up to 30 degrees a step, some in place) trip neither the rate nor the reference-heading
+    # guard, and it makes exactly the progress it is compared with.
+    reward_set, states = scored
+    out = reward_set.score(_batch(states, policy_actions(states, "expert")))
+    assert np.all(out.diagnostics["yaw/rate"] == 0) and np.all(out.diagnostics["yaw/reference"] == 0)
+    active = out.diagnostics["navigation/missed"] != 0
+    np.testing.assert_allclose(
+        out.diagnostics["navigation/progress"][active], out.diagnostics["navigation/missed"][active], atol=1e-5
+    )
+
+
+def test_stop_at_once_lands_everything_on_stop_1_and_masks_the_rest(scored):
+    reward_set, states = scored
+    out = reward_set.score(_batch(states, policy_actions(states, "stop_at_once")))
+    live = out.layer_valid
+    np.testing.assert_array_equal(live, np.tile([1, 0, 0, 0, 0, 1, 0, 0, 0], (states.size, 1)).astype(bool))
+    for layer in LAYER_NAMES:
+        if layer not in ("visual", "stop_1"):
+            assert np.all(out.scores[layer] == 0), layer
+    # What a premature STOP at step 0 forfeits is exactly what standing still is charged as missed progress (the
+    # expert's whole gain over the horizon), so the two differ by the STOP terms alone.
+    still = reward_set.score(_batch(states, policy_actions(states, "stand_still")))
+    premature = out.diagnostics["stop/premature"][:, 0] > 0
+    assert premature.sum() > 10
+    forfeit = out.diagnostics["navigation/forfeit"].sum(axis=1)
+    missed = still.diagnostics["navigation/missed"].sum(axis=1)
+    np.testing.assert_allclose(forfeit[premature], np.maximum(missed[premature], 0.0), atol=1e-5)
+    assert np.all(out.diagnostics["navigation/forfeit"][~premature] == 0)
+
+
+def _batch(states, actions):
+    from verl_omni.utils.reward_score import RewardBatch
+
+    return RewardBatch(
+        actions=actions,
+        start_pose=states.reference_poses[:, 0],
+        reference_poses=states.reference_poses,
+        goal=states.goal,
+        success_radius=states.success_radius,
+        events=states.events,
+        scene_id=states.scene_id,
+        rollout_id=states.query_id,
+    )
