@@ -104,3 +104,31 @@ def test_bad_inputs_exit_non_zero(tool, tiny_checkpoint, tmp_path, capsys):
     assert not (tmp_path / "o").exists()
     with pytest.raises(SystemExit):
         tool.main(["--checkpoint", str(tiny_checkpoint), "--episodes", "0", *base])
+
+
+def test_scripted_policies_on_a_level(tool, tmp_path, capsys):
+    """--policy without a checkpoint: the expert succeeds, STOP-at-once fails, both on the same episodes."""
+    out = tmp_path / "baselines"
+    args = ["--policy", "expert", "stop", "--level", "one_room", "--synthesize", "1", "--episodes", "3", "--seed", "2"]
+    assert tool.main([*args, "--no-progress", "--output-dir", str(out)]) == 0
+    report = json.loads((out / "report.json").read_text())
+    assert set(report["runs"]) == {"policy:expert", "policy:stop"}
+    assert report["settings"]["level"] == "one_room" and report["settings"]["floorplan"]["max_rooms"] == 1
+    expert, stop = report["runs"]["policy:expert"], report["runs"]["policy:stop"]
+    assert expert["aggregate"]["success"]["mean"] == 1.0 and stop["aggregate"]["success"]["mean"] == 0.0
+    assert stop["aggregate"]["premature_stop"]["mean"] == 1.0 and stop["aggregate"]["progress"]["mean"] == 0.0
+    assert [e["episode_id"] for e in expert["episodes"]] == [e["episode_id"] for e in stop["episodes"]]
+    assert "premature STOP" in capsys.readouterr().out
+
+
+def test_policy_and_level_errors(tool, tmp_path, capsys):
+    from verl_omni.data.cli_common import run_cli
+
+    base = ["--synthesize", "1", "--output-dir", str(tmp_path / "o"), "--no-progress"]
+    assert run_cli(tool.main, base) == 2
+    assert "nothing to evaluate" in capsys.readouterr().err
+    assert run_cli(tool.main, ["--policy", "compass", *base]) == 2
+    assert "goal_bearing" in capsys.readouterr().err
+    assert run_cli(tool.main, ["--policy", "stop", "--level", "castle", *base]) == 2
+    assert "one_room" in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()
