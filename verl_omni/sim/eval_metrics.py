@@ -26,6 +26,9 @@ import numpy as np
 
 PROPORTION_METRICS: tuple[str, ...] = ("success", "oracle_success", "collided", "premature_stop")
 MEAN_METRICS: tuple[str, ...] = ("spl", "ne", "collisions", "path_length", "steps", "progress")
+# Added after the first reports were written: an episode record without them (an older report, a hand-made
+# record) is still aggregated, without these metrics; premature_stop is derived from end_reason when it can be.
+OPTIONAL_METRICS: tuple[str, ...] = ("premature_stop", "progress")
 METRIC_LABELS: dict[str, str] = {
     "success": "SR",
     "oracle_success": "OSR",
@@ -90,12 +93,33 @@ def mean_interval(values: Sequence[float], confidence: float = 0.95) -> tuple[fl
     return mean, float(low), float(high)
 
 
+def _value(e: Mapping, name: str):
+    """Metric ``name`` of episode record ``e``; None for a missing optional metric (see OPTIONAL_METRICS)."""
+    if name in e:
+        return e[name]
+    if name == "premature_stop" and "end_reason" in e:
+        return e["end_reason"] == "stop" and not e["success"]
+    if name in OPTIONAL_METRICS:
+        return None
+    raise KeyError(f"episode {e.get('episode_id', '?')!r} has no metric {name!r}")
+
+
+def _columns(episodes: Sequence[Mapping], names: Sequence[str]) -> dict[str, list]:
+    """``{name: per-episode values}`` for the names every episode has (optional ones may be left out)."""
+    out = {}
+    for name in names:
+        vals = [_value(e, name) for e in episodes]
+        if all(v is not None for v in vals):
+            out[name] = vals
+    return out
+
+
 def aggregate(episodes: Sequence[Mapping[str, float]], confidence: float = 0.95) -> dict:
     """Aggregates per-episode metrics.
 
     Args:
         episodes: One mapping per episode with every name of :data:`PROPORTION_METRICS` (bool) and
-            :data:`MEAN_METRICS` (number).
+            :data:`MEAN_METRICS` (number); those in :data:`OPTIONAL_METRICS` may be missing (then left out).
         confidence: Interval confidence level.
 
     Returns:
@@ -106,12 +130,12 @@ def aggregate(episodes: Sequence[Mapping[str, float]], confidence: float = 0.95)
     if n == 0:
         raise ValueError("aggregate: no episodes")
     out: dict = {"episodes": n, "confidence": confidence}
-    for name in PROPORTION_METRICS:
-        k = sum(bool(e[name]) for e in episodes)
+    for name, vals in _columns(episodes, PROPORTION_METRICS).items():
+        k = sum(bool(v) for v in vals)
         low, high = wilson_interval(k, n, confidence)
         out[name] = {"mean": k / n, "low": low, "high": high, "count": k, "method": "wilson"}
-    for name in MEAN_METRICS:
-        mean, low, high = mean_interval([float(e[name]) for e in episodes], confidence)
+    for name, vals in _columns(episodes, MEAN_METRICS).items():
+        mean, low, high = mean_interval([float(v) for v in vals], confidence)
         out[name] = {"mean": mean, "low": low, "high": high, "method": "student-t"}
     return out
 
@@ -129,8 +153,10 @@ def paired_differences(
     if ids_a != ids_b:
         raise ValueError("paired_differences: both runs must cover the same episodes in the same order")
     out: dict = {"episodes": len(a), "confidence": confidence, "direction": "compare - checkpoint"}
-    for name in PROPORTION_METRICS + MEAN_METRICS:
-        diff = [float(eb[name]) - float(ea[name]) for ea, eb in zip(a, b, strict=True)]
+    names = PROPORTION_METRICS + MEAN_METRICS
+    ca, cb = _columns(a, names), _columns(b, names)
+    for name in [m for m in names if m in ca and m in cb]:
+        diff = [float(vb) - float(va) for va, vb in zip(ca[name], cb[name], strict=True)]
         mean, low, high = mean_interval(diff, confidence)
         out[name] = {"mean": mean, "low": low, "high": high, "method": "paired student-t"}
     return out
