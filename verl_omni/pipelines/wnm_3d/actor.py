@@ -55,6 +55,8 @@ class UpdateMicroBatch:
     request_ids: list[str]
     old_logprobs: torch.Tensor | None = None
     advantages: torch.Tensor | None = None
+    # [R, 9] bool, False for the chunks after a rollout's STOP or collision (left out of the loss); None: all live.
+    loss_mask: torch.Tensor | None = None
     weight: float = 1.0
 
     def __post_init__(self) -> None:
@@ -277,7 +279,10 @@ class WNMDiffusionActor:
                 if self.reference is not None:
                     with torch.no_grad():
                         ref = self._logprobs(mb, self.reference, grad=False)
-                out = clipped_layer_loss(logp, old, mb.advantages.to(logp.device), self.loss_config, logp_ref=ref)
+                mask = None if mb.loss_mask is None else mb.loss_mask.to(logp.device)
+                out = clipped_layer_loss(
+                    logp, old, mb.advantages.to(logp.device), self.loss_config, logp_ref=ref, loss_mask=mask
+                )
                 (out.loss * float(mb.weight)).backward()
                 if mb_index == 0:
                     dev = float((logp.detach() - old).abs().max())
