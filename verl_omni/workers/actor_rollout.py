@@ -223,7 +223,16 @@ class ActorRolloutWorker(Worker):
             chunk_size=cfg.rollout.micro_batch_size,
             max_num_seqs=cfg.rollout.micro_batch_size,
         )
-        rollout = VllmOmniRolloutBackend.from_model(model, sampler_config_from(cfg), engine_cfg)
+        if self.spec.kind == "cuda":
+            rollout = VllmOmniRolloutBackend.from_model(model, sampler_config_from(cfg), engine_cfg)
+        else:
+            # CPU: the engine in its own process (a Ray actor), because vLLM-Omni's worker would otherwise join
+            # this rank's torch.distributed WORLD (the FSDP group) and refuse its size.
+            from verl_omni.pipelines.wnm_vllm_omni.ray_actor import start_rollout_actor
+
+            rollout = start_rollout_actor(
+                model.config, model.action_normalization, engine_cfg, sampler_config_from(cfg), num_gpus=0
+            )
         rollout.sleep()
         return rollout
 

@@ -41,6 +41,9 @@ class VllmOmniRolloutActor:
         else:
             raise ValueError(f"engine must be 'vllm' or 'in_process', got {engine!r}")
 
+    def sleep_mode(self) -> bool:
+        return bool(getattr(self.engine, "sleep_mode", True))
+
     def call(self, method: str, *args):
         return getattr(self.engine, method)(*args)
 
@@ -77,6 +80,13 @@ class RayEngineClient:
 
     def weight_version(self):
         return self._call("weight_version")
+
+    @property
+    def sleep_mode(self) -> bool:
+        """Whether the engine in the actor frees memory on sleep (off on CPU)."""
+        import ray
+
+        return bool(ray.get(self.handle.sleep_mode.remote(), timeout=self.timeout_s))
 
     def sleep(self):
         return self._call("sleep")
@@ -123,7 +133,8 @@ def start_rollout_actor(
 
     sampler = sampler or SamplerConfig()
     config.sampler = sampler_to_args(sampler)
-    options = {"num_gpus": num_gpus}
+    # On CPU the actor takes no CPU slot of its own: it runs next to the trainer rank that drives it.
+    options = {"num_gpus": num_gpus, "num_cpus": 0 if not num_gpus else 1}
     if runtime_env:
         options["runtime_env"] = runtime_env
     handle = ray.remote(VllmOmniRolloutActor).options(**options).remote(engine, asdict(config))
