@@ -173,6 +173,18 @@ def _unique_objects(plan: FloorPlan) -> list[int]:
     return [f.index for f in plan.furniture if names[(f.name, f.room)] == 1]
 
 
+def check_plan_has_goals(plan: FloorPlan) -> FloorPlan:
+    """Returns ``plan`` if an instruction can name one of its pieces of furniture.
+
+    Raises:
+        FloorPlanError: no such piece (furniture placement can fail in small scenes); callers that draw
+            several plans treat it as one failed attempt.
+    """
+    if not _unique_objects(plan):
+        raise FloorPlanError(f"scene {plan.scene_id!r}: no furniture that an instruction can name unambiguously")
+    return plan
+
+
 def sample_task(
     plan: FloorPlan, base_planner: ExpertPlanner, cfg: CollectorConfig, rng: np.random.Generator
 ) -> tuple[int, np.ndarray, ExpertPlanner, np.ndarray]:
@@ -490,7 +502,7 @@ def synthesize_scene(
     plan, last_error = None, None
     for _ in range(cfg.plan_attempts):
         try:
-            plan = generate_floor_plan(cfg.floorplan, plan_rng, scene_id=scene_id)
+            plan = check_plan_has_goals(generate_floor_plan(cfg.floorplan, plan_rng, scene_id=scene_id))
             break
         except FloorPlanError as e:
             last_error = e

@@ -31,6 +31,7 @@ from verl_omni.sim.collector import (
     COLLECTION_FORMAT,
     SceneError,
     SynthesisConfig,
+    check_plan_has_goals,
     label_episode,
     sample_task,
     scene_id_of,
@@ -121,7 +122,7 @@ def make_scene(index: int, seed: int, cfg: SynthesisConfig) -> FloorPlan:
     last = None
     for _ in range(cfg.plan_attempts):
         try:
-            return generate_floor_plan(cfg.floorplan, plan_rng, scene_id=scene_id_of(index))
+            return check_plan_has_goals(generate_floor_plan(cfg.floorplan, plan_rng, scene_id=scene_id_of(index)))
         except FloorPlanError as e:
             last = e
     raise SceneError(f"scene {scene_id_of(index)}: floor plan failed {cfg.plan_attempts} times: {last}")

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from verl_omni.sim.closed_loop import EpisodeSpec
-from verl_omni.sim.collector import CollectorConfig, SceneError, goal_candidates, sample_task
+from verl_omni.sim.collector import CollectorConfig, SceneError, check_plan_has_goals, goal_candidates, sample_task
 from verl_omni.sim.floorplan import FloorPlan, FloorPlanConfig, FloorPlanError, generate_floor_plan
 from verl_omni.sim.instructions import make_instructions
 from verl_omni.sim.planner import ExpertPlanner, PlanningError
@@ -88,7 +88,7 @@ def synthesize_heldout_scenes(
         last = None
         for _ in range(attempts):
             try:
-                plans.append(generate_floor_plan(cfg, rng, scene_id=f"h{i:04d}"))
+                plans.append(check_plan_has_goals(generate_floor_plan(cfg, rng, scene_id=f"h{i:04d}")))
                 break
             except FloorPlanError as e:
                 last = e
