@@ -38,19 +38,19 @@ def _copy(model, mode):
 
 
 def _masked_reference(model, x, a, s, ctx):
-    """Full-sequence forward where diffusers' attn1 gets a mask: history rows see history columns only."""
+    """Full-sequence forward where diffusers' attn1 processor gets a mask: history rows see history columns only."""
+    from verl_omni.models.wnm import transformer
+
     nh = model.sequence_layout()["history"].stop
     seq = model.config.sequence_length
     mask = torch.ones(seq, seq, dtype=torch.bool)
     mask[:nh, nh:] = False
-    saved = [blk.attn1.forward for blk in model.blocks]
+    saved = transformer._self_attention
     try:
-        for blk, fwd in zip(model.blocks, saved, strict=True):
-            blk.attn1.forward = lambda h, e, _m, r, fwd=fwd: fwd(h, e, mask, r)
+        transformer._self_attention = lambda attn, h, rope, prefix, backend: (attn(h, None, mask, rope), None)
         return model(x, a, s, ctx)
     finally:
-        for blk, fwd in zip(model.blocks, saved, strict=True):
-            blk.attn1.forward = fwd
+        transformer._self_attention = saved
 
 
 def test_isolated_equals_block_masked_full_attention(model):

@@ -125,9 +125,9 @@ def test_vllm_omni_backend_without_the_extra_is_refused(monkeypatch):
     assert "WAM_ROLLOUT_BACKEND" not in dict(report.failures)
 
 
-def test_gpu_plan_notes_rollout_and_update_batch_shapes_that_differ(monkeypatch, tmp_path):
-    # 1 node x 8 GPUs: 8 prompts x 16 rollouts, mini-batch 8 prompts -> 16 rollouts per rank; micro 8 (recipe
-    # target) while the rollout evaluates 16 per DiT call, so the recomputed bf16 log-probs use another shape.
+def test_gpu_plan_of_recipe_defaults_matches_rollout_and_update_shapes(monkeypatch, tmp_path):
+    # 1 node x 8 GPUs: 8 prompts x 16 rollouts, mini-batch 8 prompts -> 16 rollouts per rank; micro 16 (recipe
+    # target) equals the rollout's 16 per DiT call, so the recomputed bf16 log-probs use the rollout's shape.
     env = {
         "WNM3D_INITIAL_CHECKPOINT": str(tmp_path),
         "WAM_DATA_CONTRACT_CHECKPOINT": str(tmp_path),
@@ -144,5 +144,6 @@ def test_gpu_plan_notes_rollout_and_update_batch_shapes_that_differ(monkeypatch,
     config_dir = Path(__file__).resolve().parents[2] / "recipes" / "wnm_3d" / "stage3" / "config"
     plan = check_config(Settings(ints={"WAM_EXPECTED_TRAIN_SIZE": 1024}), env, config_dir, report)
     assert plan is not None and report.success, report.failures
-    notes = [n for n in report.notes if "rollout.micro_batch_size=16" in n]
-    assert len(notes) == 1 and "topology.micro_batch_rollouts=8" in notes[0]
+    # The recipe's defaults match the shapes (micro-batch 16 = rollout chunk 16): no note.
+    assert plan.resolved["topology"]["micro_batch_rollouts"] == 16
+    assert not [n for n in report.notes if "rollout.micro_batch_size=16" in n]

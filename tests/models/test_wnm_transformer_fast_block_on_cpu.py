@@ -1,0 +1,172 @@
+"""The faster DiT block (issue 21) computes what the previous block computed: fp32 bit for bit, bf16 within rounding.
+
+The reference is the block forward as it stood before the change (split/cat grouped modulation, diffusers'
+attention processors, the context mask always passed), kept here verbatim as ``_reference_block_forward`` and
+bound onto a copy of the same model, so both run the same weights on the same inputs.
+"""
+
+from __future__ import annotations
+
+import copy
+import types
+
+import pytest
+import torch
+
+from verl_omni.models.wnm import WNMConfig, WNMContext, WNMTransformer
+from verl_omni.models.wnm.transformer import _self_attention
+
+torch.set_num_threads(1)
+
+
+# ----------------------------------------------------------------------------- the previous implementation
+def _ref_modulate(x, scale, shift, lengths):
+    if lengths is None:
+        return x * (1 + scale) + shift
+    parts = x.split(lengths, dim=1)
+    return torch.cat([p * (1 + scale[:, g : g + 1]) + shift[:, g : g + 1] for g, p in enumerate(parts)], dim=1)
+
+
+def _ref_gate(x, y, gate, lengths):
+    if lengths is None:
+        return x + y * gate
+    parts = y.split(lengths, dim=1)
+    return x + torch.cat([p * gate[:, g : g + 1] for g, p in enumerate(parts)], dim=1)
+
+
+def _reference_block_forward(
+    self,
+    hidden_states,
+    encoder_hidden_states,
+    temb,
+    rotary_emb,
+    encoder_attention_mask=None,
+    group_lengths=None,
+    prefix_kv=None,
+    return_kv=False,
+):
+    if temb.ndim == 4:
+        mods = (self.scale_shift_table.unsqueeze(0) + temb.float()).unbind(dim=2)
+    else:
+        mods = (self.scale_shift_table + temb.float()).unbind(dim=1)
+        mods = tuple(m.unsqueeze(1) for m in mods)
+        group_lengths = None
+    shift_msa, scale_msa, gate_msa, c_shift_msa, c_scale_msa, c_gate_msa = mods
+    normed = _ref_modulate(self.norm1(hidden_states.float()), scale_msa, shift_msa, group_lengths)
+    kv = None
+    if prefix_kv is None and not return_kv:
+        attn_output = self.attn1(normed.type_as(hidden_states), None, None, rotary_emb)  # diffusers' processor
+    else:
+        attn_output, kv = _self_attention(self.attn1, normed.type_as(hidden_states), rotary_emb, prefix_kv, "default")
+    hidden_states = _ref_gate(hidden_states.float(), attn_output, gate_msa, group_lengths).type_as(hidden_states)
+    mask = None if encoder_attention_mask is None else encoder_attention_mask[:, None, None, :]
+    normed = self.norm2(hidden_states.float()).type_as(hidden_states)
+    hidden_states = hidden_states + self.attn2(normed, encoder_hidden_states, mask, None)
+    normed = _ref_modulate(self.norm3(hidden_states.float()), c_scale_msa, c_shift_msa, group_lengths)
+    ff_output = self.ffn(normed.type_as(hidden_states))
+    hidden_states = _ref_gate(hidden_states.float(), ff_output.float(), c_gate_msa, group_lengths)
+    hidden_states = hidden_states.type_as(encoder_hidden_states)
+    return (hidden_states, kv) if return_kv else hidden_states
+
+
+def _reference_copy(model: WNMTransformer) -> WNMTransformer:
+    ref = copy.deepcopy(model)
+    for block in ref.blocks:
+        block.block_forward = types.MethodType(_reference_block_forward, block)
+    ref._context_mask = lambda mask: mask  # the previous forward always passed the mask on
+    return ref
+
+
+# ----------------------------------------------------------------------------- fixtures
+@pytest.fixture(scope="module")
+def models():
+    torch.manual_seed(0)
+    model = WNMTransformer(WNMConfig.from_size("tiny", num_layers=2)).eval()
+    return model, _reference_copy(model)
+
+
+def _inputs(cfg, b=2, seed=0, pad: int = 0, dtype=torch.float32):
+    g = torch.Generator().manual_seed(seed)
+    mask = torch.ones(b, cfg.context_tokens, dtype=torch.bool)
+    if pad:
+        mask[0, cfg.context_tokens // 3 - pad : cfg.context_tokens // 3] = False  # padded text of one prompt
+    ctx = WNMContext(
+        history_latents=torch.randn(b, *cfg.history_latent_shape, generator=g).to(dtype),
+        encoder_tokens=torch.randn(b, cfg.context_tokens, cfg.dim, generator=g).to(dtype),
+        encoder_mask=mask,
+    )
+    x = torch.randn(b, *cfg.target_latent_shape, generator=g).to(dtype)
+    a = torch.randn(b, cfg.action_steps, cfg.action_channels, generator=g).to(dtype)
+    return x, a, torch.rand(b, generator=g), ctx
+
+
+def _rel(a, b):
+    return float((a.double() - b.double()).norm() / b.double().norm())
+
+
+# ----------------------------------------------------------------------------- tests
+@pytest.mark.parametrize("pad", [0, 5])
+def test_fp32_inference_is_bit_identical(models, pad):
+    model, ref = models
+    x, a, s, ctx = _inputs(model.config, b=3, pad=pad)
+    with torch.no_grad():
+        got, ref_out = model(x, a, s, ctx), ref(x, a, s, ctx)
+    for g, r in zip(got, ref_out, strict=True):
+        assert torch.equal(g, r)
+
+
+def test_fp32_training_forward_and_gradients_are_bit_identical(models):
+    model, ref = models
+    model, ref = copy.deepcopy(model).train(), copy.deepcopy(ref).train()
+    x, a, s, ctx = _inputs(model.config, pad=3, seed=4)
+    outs = []
+    for m in (model, ref):
+        v, va = m(x, a, s, ctx)
+        (v.square().mean() + va.square().mean()).backward()
+        outs.append((v.detach(), va.detach(), [p.grad.clone() for p in m.blocks.parameters()]))
+    assert torch.equal(outs[0][0], outs[1][0]) and torch.equal(outs[0][1], outs[1][1])
+    for g, r in zip(outs[0][2], outs[1][2], strict=True):
+        assert torch.equal(g, r)
+
+
+def test_fp32_isolated_history_and_activation_checkpointing_are_bit_identical(models):
+    model, ref = models
+    x, a, s, ctx = _inputs(model.config, seed=7)
+    iso, iso_ref = copy.deepcopy(model), copy.deepcopy(ref)
+    iso.set_history_attention("isolated")
+    iso_ref.set_history_attention("isolated")
+    with torch.no_grad():
+        for g, r in zip(iso(x, a, s, ctx), iso_ref(x, a, s, ctx), strict=True):
+            assert torch.equal(g, r)
+    ckpt = copy.deepcopy(model).train()
+    ckpt.gradient_checkpointing = True
+    v, va = ckpt(x, a, s, ctx)
+    v_ref, va_ref = ref(x, a, s, ctx)
+    assert torch.equal(v, v_ref) and torch.equal(va, va_ref)
+
+
+def test_bf16_inference_within_rounding_of_the_previous_block(models):
+    model, ref = models
+    model16, ref16 = copy.deepcopy(model).to(torch.bfloat16), copy.deepcopy(ref).to(torch.bfloat16)
+    x, a, s, ctx = _inputs(model.config, seed=9, dtype=torch.bfloat16)
+    with torch.no_grad():
+        v, va = model16(x, a, s, ctx)
+        rv, rva = ref16(x, a, s, ctx)
+        fv, fva = ref(x.float(), a.float(), s, ctx.to(dtype=torch.float32))
+    # As close to the previous bf16 block as bf16 rounding allows, and no further from fp32 than it was.
+    assert _rel(v, rv) < 1e-2 and _rel(va, rva) < 1e-2
+    assert _rel(v, fv) <= 1.05 * _rel(rv, fv) + 1e-4 and _rel(va, fva) <= 1.05 * _rel(rva, fva) + 1e-4
+
+
+def test_attention_backend_is_validated_and_set_on_every_block(models):
+    model, _ = models
+    m = copy.deepcopy(model)
+    assert m.attention_backend == "default"
+    m.attention_backend = "cudnn"
+    assert all(b.attention_backend == "cudnn" for b in m.blocks)
+    x, a, s, ctx = _inputs(m.config, seed=2)
+    with torch.no_grad():  # on CPU the cudnn choice falls back to PyTorch's own kernel: same outputs
+        for g, r in zip(m(x, a, s, ctx), model(x, a, s, ctx), strict=True):
+            assert torch.equal(g, r)
+    with pytest.raises(ValueError, match="attention_backend must be one of"):
+        m.attention_backend = "flash3"
