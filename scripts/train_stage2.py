@@ -56,6 +56,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, help="seed of data, SFT and DAgger draws (default 0)")
     p.add_argument("--device", default="cpu", help="torch device (default cpu)")
     p.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="CPU processes (default: all cores)")
+    p.add_argument("--skip-baselines", action="store_true", help="do not evaluate the scripted baselines here")
     p.add_argument("--no-progress", action="store_true", help="disable progress bars")
     return p
 
@@ -190,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
     specs = sample_episode_specs(held_plans, args.eval_episodes, args.eval_seed, task_cfg)
     evals: dict[str, dict] = {}
     t0 = time.perf_counter()
-    for name in BASELINES:
+    for name in () if args.skip_baselines else BASELINES:
         evals[name] = _evaluate(make_scripted_policy(name, plans), name, plans, specs, work / "eval" / f"{name}.json",
                                 progress)  # fmt: skip
     timings["baselines_eval_s"] = time.perf_counter() - t0
@@ -251,6 +252,7 @@ def main(argv: list[str] | None = None) -> int:
 
         t0 = time.perf_counter()
         ckpt = work / "ckpt" / f"stage2_r{rnd}"
+        _log(f"round {rnd}: encoding")
         if rnd == 0:
             model = WNMModel(config, norm or ActionNormalization.identity()).to(args.device)
             rows = sft.encode_examples(
@@ -264,6 +266,7 @@ def main(argv: list[str] | None = None) -> int:
         del examples, train_ex
         train_all = _concat(encoded).to(args.device)
         steps = args.sft_steps if rnd == 0 else args.round_steps
+        _log(f"round {rnd}: encoded {train_all.rows} rows in {time.perf_counter() - t0:.0f}s; SFT {steps} steps")
         if not ckpt.is_dir():
             cfg_sft = sft.SFTConfig(steps=steps, batch_size=args.batch_size, lr=args.lr,
                                     action_weight=args.action_weight, eval_every=max(1, steps // 10),
