@@ -136,6 +136,11 @@ def _validate(args: argparse.Namespace) -> None:
         raise CliError(f"--policy: unknown {unknown}; choose from {list(SCRIPTED_POLICIES)}")
     if len(set(args.policy)) != len(args.policy):
         raise CliError(f"--policy: a name appears twice in {args.policy}")
+    from verl_omni.sim.eval_plot import LINE_STYLES
+
+    n_runs = (args.checkpoint is not None) + (args.compare is not None) + len(args.policy)
+    if n_runs > len(LINE_STYLES):
+        raise CliError(f"{n_runs} policies to evaluate; the trajectory plot draws at most {len(LINE_STYLES)}")
     if args.level is not None and args.level not in LEVELS:
         raise CliError(f"--level: unknown {args.level!r}; choose one of {sorted(LEVELS)}")
     if not args.scenes and args.synthesize <= 0:

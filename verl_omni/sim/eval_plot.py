@@ -16,7 +16,8 @@ import numpy as np
 from verl_omni.sim.closed_loop import EpisodeResult, EpisodeSpec
 from verl_omni.sim.floorplan import FloorPlan
 
-LINE_STYLES = ("-", "--", ":", "-.")
+# Matplotlib dash patterns; runs beyond the named styles take explicit (offset, on-off) sequences.
+LINE_STYLES = ("-", "--", ":", "-.", (0, (5, 1)), (0, (3, 1, 1, 1, 1, 1)), (0, (1, 3)), (0, (8, 2, 1, 2)))
 
 
 def plot_trajectories(
