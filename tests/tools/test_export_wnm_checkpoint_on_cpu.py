@@ -197,6 +197,28 @@ def test_refuses_a_missing_shard_file(base, actor_run, tmp_path, capsys):
     assert f"{shards[0]}: DCP shard file is missing" in err
 
 
+def test_checks_the_checkpoint_file_manifest_before_reading_shards(base, actor_run, tmp_path, capsys):
+    from verl_omni.trainer import checkpointing as run_layout
+
+    step_dir, _ = actor_run
+    copy = tmp_path / "run" / step_dir.name
+    shutil.copytree(step_dir, copy)
+    run_layout.write_files_manifest(copy, 3)  # what the trainer writes before the rename
+    shard = sorted((copy / "actor").glob("*.distcp"))[0]
+    size = shard.stat().st_size
+    data = shard.read_bytes()
+    # Same size, one byte changed: the DCP length check cannot see it, the manifest's sha256 does.
+    shard.write_bytes(data[:-1] + bytes([data[-1] ^ 0xFF]))
+    err = _refused(base, copy, tmp_path, capsys)
+    assert f"--actor-checkpoint {copy}: its files do not match checkpoint_files.json" in err
+    assert f"{shard}: sha256 differs from the manifest (the file is corrupted or replaced)" in err
+    # Cut short by 1 byte: named with both sizes from the manifest, before any shard is read.
+    shard.write_bytes(data[:-1])
+    err = _refused(base, copy, tmp_path, capsys)
+    assert f"{shard}: {size - 1} bytes, the manifest records {size} (truncated or replaced)" in err
+    assert "DCP shard file is truncated" not in err  # the manifest check came first
+
+
 def test_refuses_missing_unexpected_and_reshaped_tensors(base, actor_run, tmp_path, capsys):
     _, state = actor_run
     contract = {**read_checkpoint_contract(base), "initial_checkpoint": str(base)}

@@ -7,7 +7,8 @@ checkpoint_manifest.json with fresh sha256s and the provenance (base manifest ha
 
 Refusals write nothing: an existing --output-dir, an actor trained from a checkpoint with another contract
 (the differing fields are listed), tensors missing/unexpected/of another shape, a missing or truncated DCP
-shard file, an incomplete checkpoint.
+shard file, an incomplete checkpoint, a file that differs from the checkpoint's checkpoint_files.json (size or
+sha256; checked before any shard is read).
 
 Examples:
     python tools/checkpoint/export_wnm_checkpoint.py --base-vln $WNM3D_INITIAL_CHECKPOINT \\

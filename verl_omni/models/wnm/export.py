@@ -9,7 +9,8 @@ transformer weight files and the manifest.
 
 Order of work, so that a refusal writes nothing::
 
-    plan_export        read-only: actor layout, trainer state, base manifest (sha256 of every file), the ONE
+    plan_export        read-only: actor layout, the checkpoint's checkpoint_files.json (size + sha256 of every
+                       file, when the trainer wrote one), trainer state, base manifest (sha256 of every file), the ONE
                        contract check, tensor names/shapes/dtypes, DCP data files present and long enough
     export_checkpoint  stage beside the output (same filesystem, so the final rename is atomic), copy every
                        base file except the transformer weight files, write those one base file at a time
@@ -224,6 +225,15 @@ def resolve_actor_checkpoint(path: str | Path) -> ActorCheckpoint:
             f"--actor-checkpoint {ckpt_dir}: {run_layout.TRAINER_STATE} is missing, so the checkpoint is incomplete "
             f"(the driver writes it after every worker finished); use a complete checkpoint"
         )
+    if (ckpt_dir / run_layout.FILES_MANIFEST).is_file():
+        # The trainer (and the hot save) record every file's size and sha256: check them before reading any.
+        problems = run_layout.verify_checkpoint(ckpt_dir)
+        if problems:
+            shown = "\n  ".join(problems[:10]) + (f"\n  (+{len(problems) - 10} more)" if len(problems) > 10 else "")
+            raise ExportError(
+                f"--actor-checkpoint {ckpt_dir}: its files do not match {run_layout.FILES_MANIFEST}:\n  {shown}\n"
+                f"copy the checkpoint again from the run, or export another global_step_N"
+            )
     state = _read_json(state_path)
     if not isinstance(state, dict):
         raise ExportError(f"{state_path}: must hold a JSON object")
