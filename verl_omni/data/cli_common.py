@@ -87,7 +87,7 @@ def load_checkpoint_contract(checkpoint: str | Path) -> dict[str, Any]:
     path = Path(checkpoint).expanduser().resolve()
     if not path.is_dir():
         raise CliError(f"--checkpoint {path}: not a directory; pass a complete WNM checkpoint directory")
-    from verl_omni.models.wnm import read_checkpoint_contract
+    from verl_omni.contracts import read_checkpoint_contract
 
     try:
         contract = read_checkpoint_contract(path)

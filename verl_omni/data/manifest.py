@@ -280,7 +280,7 @@ def _reference_problems(
 
 def contract_problems(manifest: Mapping[str, Any], checkpoint: str | Path | Mapping[str, Any], where: str) -> list[str]:
     """Differences between the manifest's recorded contract and a checkpoint (dir or contract dict)."""
-    from verl_omni.models.wnm import check_contract_compatibility
+    from verl_omni.contracts import check_contract_compatibility
 
     report = check_contract_compatibility(manifest_contract(manifest), checkpoint)
     return [

@@ -362,7 +362,7 @@ def check_environment(env: Mapping[str, str], report: Report, paths_env: str) ->
 
 
 def _read_contract(name: str, path: Path, report: Report) -> dict | None:
-    from verl_omni.models.wnm import read_checkpoint_contract
+    from verl_omni.contracts import read_checkpoint_contract
 
     try:
         return read_checkpoint_contract(path)
@@ -373,7 +373,7 @@ def _read_contract(name: str, path: Path, report: Report) -> dict | None:
 
 def check_checkpoints(s: Settings, report: Report) -> dict | None:
     """Reads both checkpoint contracts and compares them; returns the data-contract checkpoint's contract."""
-    from verl_omni.models.wnm import check_contract_compatibility
+    from verl_omni.contracts import check_contract_compatibility
 
     init_path = s.paths.get("WNM3D_INITIAL_CHECKPOINT")
     data_path = s.paths.get("WAM_DATA_CONTRACT_CHECKPOINT")

@@ -1,4 +1,4 @@
-"""Complete WNM checkpoint directories (DESIGN 3.4) and the one contract-compatibility check.
+"""Complete WNM checkpoint directories: writing and loading them (``docs/design.md``, "Checkpoints").
 
 Layout written by :func:`save_wnm_checkpoint`::
 
@@ -21,12 +21,10 @@ model in local variables; any error raises before anything is returned, so loadi
 from __future__ import annotations
 
 import datetime
-import hashlib
 import json
 import math
 import os
 import shutil
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -35,63 +33,78 @@ import torch.nn as nn
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
+from verl_omni.contracts import (
+    CHECKPOINT_FORMAT,
+    CONFIG_NAME,
+    CONTRACT_SECTIONS,
+    MANIFEST_FORMAT,
+    MANIFEST_NAME,
+    NORMALIZATION_NAME,
+    CheckpointError,
+    ContractMismatchError,
+    ContractReport,
+    canonical_json,
+    check_contract_compatibility,
+    contract_of,
+    file_sha256,
+    json_hash,
+    read_checkpoint_contract,
+    read_manifest,
+    verify_files,
+)
+from verl_omni.contracts import contract_sections_diff as _diff
+from verl_omni.contracts import read_json as _read_json
 from verl_omni.data.actions import ActionNormalization
 
 from .config import WNMConfig
 from .encoders import ByteTokenizer, CLIPImageEncoder, HFTokenizer, UMT5TextEncoder, tiny_vae_config
 from .model import WNMModel, build_geometry_encoder, build_image_encoder, build_text_encoder
 
-CHECKPOINT_FORMAT = "wnm-checkpoint/1"
-MANIFEST_FORMAT = "wnm-checkpoint-manifest/1"
-MANIFEST_NAME = "checkpoint_manifest.json"
-CONFIG_NAME = "config.json"
-NORMALIZATION_NAME = "action_normalization.json"
+# Re-exported: the contract (reading, comparing) lives in verl_omni.contracts, torch-free.
+__all__ = [
+    "CHECKPOINT_FORMAT",
+    "CONFIG_NAME",
+    "CONTRACT_SECTIONS",
+    "DEFAULT_MAX_SHARD_BYTES",
+    "INDEX_NAME",
+    "MANIFEST_FORMAT",
+    "MANIFEST_NAME",
+    "MODEL_INDEX_NAME",
+    "NORMALIZATION_NAME",
+    "PIPELINE_CLASS_NAME",
+    "WEIGHTS_NAME",
+    "CheckpointError",
+    "ContractMismatchError",
+    "ContractReport",
+    "canonical_json",
+    "check_contract_compatibility",
+    "check_model_index",
+    "contract_of",
+    "default_shard_bytes",
+    "file_sha256",
+    "json_hash",
+    "load_state_dict_strict",
+    "load_wnm_checkpoint",
+    "model_index",
+    "read_checkpoint_contract",
+    "read_manifest",
+    "read_state_dict",
+    "save_state_dict",
+    "save_wnm_checkpoint",
+    "verify_files",
+]
+
 MODEL_INDEX_NAME = "model_index.json"
 # The pipeline class vLLM-Omni's engine builds for a WNM checkpoint (verl_omni/pipelines/wnm_vllm_omni/pipeline.py).
 PIPELINE_CLASS_NAME = "WNMDiTPipeline"
 WEIGHTS_NAME = "model.safetensors"
 INDEX_NAME = "model.safetensors.index.json"
 DEFAULT_MAX_SHARD_BYTES = 2 * 1024**3
-CONTRACT_SECTIONS = ("model_config", "transform_metadata", "action_normalization")
-
-
-class CheckpointError(ValueError):
-    """A checkpoint directory is missing, malformed, tampered with, or disagrees with its config."""
-
-
-class ContractMismatchError(ValueError):
-    """Two checkpoints / a checkpoint and a data manifest are not contract-compatible."""
 
 
 # ----- small helpers ------------------------------------------------------------------------------------
-def canonical_json(obj: Any) -> str:
-    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False)
-
-
-def json_hash(obj: Any) -> str:
-    """sha256 of the canonical JSON of ``obj`` (sorted keys, no whitespace)."""
-    return hashlib.sha256(canonical_json(obj).encode()).hexdigest()
-
-
-def file_sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def _write_json(path: Path, obj: Any) -> None:
     path.write_text(json.dumps(obj, indent=2, sort_keys=True) + "\n")
-
-
-def _read_json(path: Path) -> Any:
-    try:
-        return json.loads(path.read_text())
-    except FileNotFoundError as e:
-        raise CheckpointError(f"{path}: file is missing") from e
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise CheckpointError(f"{path}: not valid JSON ({e})") from e
 
 
 # ----- tensors ------------------------------------------------------------------------------------------
@@ -177,138 +190,6 @@ def load_state_dict_strict(module: nn.Module, tensors: dict[str, torch.Tensor], 
 # ----- manifest -----------------------------------------------------------------------------------------
 def _list_files(root: Path) -> list[str]:
     return sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file() and p.name != MANIFEST_NAME)
-
-
-def read_manifest(ckpt_dir: Path) -> dict:
-    manifest = _read_json(ckpt_dir / MANIFEST_NAME)
-    if not isinstance(manifest, dict) or manifest.get("format") != MANIFEST_FORMAT:
-        raise CheckpointError(f"{ckpt_dir / MANIFEST_NAME}: field 'format' must be {MANIFEST_FORMAT!r}")
-    if not isinstance(manifest.get("files"), dict) or not manifest["files"]:
-        raise CheckpointError(f"{ckpt_dir / MANIFEST_NAME}: field 'files' is missing or empty")
-    return manifest
-
-
-def verify_files(ckpt_dir: Path, manifest: dict, only: list[str] | None = None) -> None:
-    """Checks presence and sha256 of manifest entries (all, or the names in ``only``)."""
-    files = manifest["files"]
-    for name in only if only is not None else sorted(files):
-        entry = files.get(name)
-        if not isinstance(entry, dict) or "sha256" not in entry:
-            raise CheckpointError(f"{ckpt_dir / MANIFEST_NAME}: no sha256 entry for {name}")
-        path = ckpt_dir / name
-        if not path.is_file():
-            raise CheckpointError(f"{path}: listed in {MANIFEST_NAME} but missing")
-        digest = file_sha256(path)
-        if digest != entry["sha256"]:
-            raise CheckpointError(
-                f"{path}: sha256 mismatch (manifest {entry['sha256'][:12]}..., file {digest[:12]}...)"
-            )
-
-
-# ----- contract -----------------------------------------------------------------------------------------
-def contract_of(config: WNMConfig, normalization: ActionNormalization) -> dict:
-    """The contract dict of an in-memory model config + normalization."""
-    sections = {
-        "model_config": config.to_dict(),
-        "transform_metadata": config.transform_metadata(),
-        "action_normalization": normalization.to_dict(),
-    }
-    return {**sections, **{f"{k}_hash": json_hash(v) for k, v in sections.items()}}
-
-
-def read_checkpoint_contract(ckpt_dir: str | Path) -> dict:
-    """Reads (and sha256-verifies) a checkpoint's config and normalization.
-
-    Returns:
-        dict with ``model_config``, ``transform_metadata``, ``action_normalization`` and their sha256 hashes
-        ``model_config_hash``, ``transform_metadata_hash``, ``action_normalization_hash``.
-    """
-    ckpt_dir = Path(ckpt_dir)
-    if not ckpt_dir.is_dir():
-        raise CheckpointError(f"{ckpt_dir}: checkpoint directory does not exist")
-    manifest = read_manifest(ckpt_dir)
-    verify_files(ckpt_dir, manifest, only=[CONFIG_NAME, NORMALIZATION_NAME])
-    cfg = _read_json(ckpt_dir / CONFIG_NAME)
-    if not isinstance(cfg, dict) or cfg.get("format") != CHECKPOINT_FORMAT:
-        raise CheckpointError(f"{ckpt_dir / CONFIG_NAME}: field 'format' must be {CHECKPOINT_FORMAT!r}")
-    for key in ("model_config", "transform_metadata"):
-        if not isinstance(cfg.get(key), dict):
-            raise CheckpointError(f"{ckpt_dir / CONFIG_NAME}: field {key!r} is missing or not an object")
-    norm = _read_json(ckpt_dir / NORMALIZATION_NAME)
-    sections = {
-        "model_config": cfg["model_config"],
-        "transform_metadata": cfg["transform_metadata"],
-        "action_normalization": norm,
-    }
-    return {**sections, **{f"{k}_hash": json_hash(v) for k, v in sections.items()}}
-
-
-def _diff(a: Any, b: Any, path: str, out: list[str]) -> None:
-    if isinstance(a, dict) and isinstance(b, dict):
-        for k in sorted(set(a) | set(b)):
-            p = f"{path}.{k}"
-            if k not in a:
-                out.append(f"{p}: absent in a, {b[k]!r} in b")
-            elif k not in b:
-                out.append(f"{p}: {a[k]!r} in a, absent in b")
-            else:
-                _diff(a[k], b[k], p, out)
-    elif isinstance(a, list | tuple) and isinstance(b, list | tuple) and len(a) == len(b):
-        if list(a) != list(b):
-            for i, (x, y) in enumerate(zip(a, b)):
-                _diff(x, y, f"{path}[{i}]", out)
-    elif a != b or type(a) is not type(b) and not (isinstance(a, int | float) and isinstance(b, int | float)):
-        out.append(f"{path}: {a!r} != {b!r}")
-
-
-@dataclass
-class ContractReport:
-    """Outcome of :func:`check_contract_compatibility`.
-
-    Attributes:
-        ok: True when model config, transform metadata and action normalization are identical.
-        differences: One line per differing field, e.g. ``transform_metadata.image_size[0]: 64 != 32``.
-        a / b: Descriptions of the two sides.
-    """
-
-    ok: bool
-    differences: list[str] = field(default_factory=list)
-    a: str = "a"
-    b: str = "b"
-
-    def raise_if_incompatible(self, context_msg: str = "") -> None:
-        if not self.ok:
-            head = f"{context_msg}: " if context_msg else ""
-            lines = "\n  ".join(self.differences)
-            raise ContractMismatchError(f"{head}contract mismatch between a={self.a} and b={self.b}:\n  {lines}")
-
-
-def _as_contract(x: str | Path | dict) -> tuple[dict, str]:
-    if isinstance(x, dict):
-        return x, "<contract dict>"
-    return read_checkpoint_contract(x), str(x)
-
-
-def check_contract_compatibility(a: str | Path | dict, b: str | Path | dict) -> ContractReport:
-    """THE compatibility rule: identical model config, transform metadata and action normalization.
-
-    Args:
-        a / b: A checkpoint directory or a contract dict (as returned by :func:`read_checkpoint_contract`, or
-            any dict carrying the three sections, e.g. a data manifest's).
-
-    Returns:
-        A :class:`ContractReport` naming every differing field.
-    """
-    ca, na = _as_contract(a)
-    cb, nb = _as_contract(b)
-    diffs: list[str] = []
-    for section in CONTRACT_SECTIONS:
-        if section not in ca or section not in cb:
-            where = "a" if section not in ca else "b"
-            diffs.append(f"{section}: missing in {where}")
-            continue
-        _diff(ca[section], cb[section], section, diffs)
-    return ContractReport(ok=not diffs, differences=diffs, a=na, b=nb)
 
 
 # ----- save ---------------------------------------------------------------------------------------------

@@ -1,11 +1,11 @@
 """Merge a trained DiT from a Stage-III actor checkpoint into a copy of its complete base checkpoint.
 
 An actor checkpoint (``<run>/global_step_N/actor/`` or a hot-save snapshot ``<dest>/actor/``, see
-``verl_omni.trainer.checkpointing``) is a torch.distributed.checkpoint (DCP) save of
+``verl_omni.utils.run_layout``) is a torch.distributed.checkpoint (DCP) save of
 ``{"model": DiT state dict, "optimizer": ...}`` written by the FSDP ranks, plus ``model_contract.json``. The
 export reads only the ``model.*`` entries, without a process group (DCP reassembles the FSDP shards into
-full tensors), and writes a complete WNM checkpoint (DESIGN 3.4) that differs from the base only in the
-transformer weight files and the manifest.
+full tensors), and writes a complete WNM checkpoint (layout in :mod:`verl_omni.models.wnm.checkpoint`) that
+differs from the base only in the transformer weight files and the manifest.
 
 Order of work, so that a refusal writes nothing::
 
@@ -37,7 +37,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 
-from verl_omni.trainer import checkpointing as run_layout
+from verl_omni.utils import run_layout
 
 from .checkpoint import (
     INDEX_NAME,
