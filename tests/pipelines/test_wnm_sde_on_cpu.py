@@ -43,7 +43,7 @@ def test_dance_logprob_equals_scipy_gaussian_logpdf():
     s, s_next, eta = 0.8, 0.55, 0.3
     x_next, mu = sde_step(x, v, eps, s, s_next, eta)
     logp = transition_layer_logprob(x, v, x_next, s, s_next, eta, table)
-    # float64 reference straight from the DESIGN 5.1 formula
+    # float64 reference straight from the sde_step formula
     xd, vd = x.double().numpy(), v.double().numpy()
     h = s - s_next
     mu_ref = xd - h * vd - h * (eta**2 / (2 * s)) * (xd + (1 - s) * vd)

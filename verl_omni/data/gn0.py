@@ -1,4 +1,4 @@
-"""Reading and validating a GN0 DAgger collection (DESIGN 3.1, exact fields in ``docs/contracts.md``).
+"""Reading and validating a GN0 DAgger collection (exact fields in ``docs/contracts.md``).
 
 Parsing is strict: every problem with a record raises :class:`RecordRejected` carrying a reason from
 :data:`SKIP_REASONS` and a message naming the file and field, so callers can skip and count it instead

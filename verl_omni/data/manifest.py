@@ -1,6 +1,6 @@
 """``manifest.json`` of a Stage-III dataset directory: building, atomic writing, reading, validation.
 
-Every data tool writes one manifest beside its shards. It records (DESIGN 3.3) the format version,
+Every data tool writes one manifest beside its shards. It records the format version,
 counts (episodes, records, rows, skipped and skipped-by-reason), each shard with its row count and
 sha256, the data-contract checkpoint's model-config and transform-metadata hashes, the complete
 ``action_normalization.json``, the tool's arguments and the source roots.

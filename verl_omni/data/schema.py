@@ -1,6 +1,6 @@
 """The converted Stage-III row: Arrow/Parquet schema and typed record, defined in this one place.
 
-One row per (query state, instruction variant) of a GN0 episode (DESIGN 3.3). Frames are references
+One row per (query state, instruction variant) of a GN0 episode. Frames are references
 into the source collection (paths relative to the collection root recorded in the manifest) plus frame
 indices; poses and actions are fixed-size lists so that readers get dense arrays without per-row shape
 checks.

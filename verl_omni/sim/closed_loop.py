@@ -1,4 +1,4 @@
-"""Closed-loop evaluation of a navigation policy in synthetic scenes (DESIGN 9).
+"""Closed-loop evaluation of a navigation policy in synthetic scenes (docs/design.md, "Stage II").
 
 Receding horizon: every active episode renders its history (the last ``history_frames`` frames, one per
 visited pose; before that many exist the first frame repeats, like the converter's clamped history

@@ -1,4 +1,4 @@
-"""Event labels of a query state (DESIGN 3.3), from its reference trajectory, clearance and goal distance.
+"""Event labels of a query state (docs/contracts.md), from its reference trajectory, clearance and goal distance.
 
 Quantities at the query pose ``p`` (all computed by the caller from the scene, see :func:`label_query`):
 

@@ -160,7 +160,7 @@ class RolloutConfig:
 
 @dataclass
 class AlgorithmConfig:
-    """Layer-conditioned GRPO (DESIGN 6).
+    """Layer-conditioned GRPO (math in :mod:`verl_omni.trainer.diffusion`).
 
     Attributes:
         layers: Credit layers, in order (locked to the 9 layers).

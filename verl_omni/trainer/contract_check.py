@@ -4,7 +4,7 @@
 
     python -m verl_omni.trainer.contract_check --config-dir recipes/wnm_3d/stage3/config [--paths-env FILE]
 
-Checks, in order (DESIGN 8), each failure naming the variable or file and what to do:
+Checks, in order (docs/design.md, "Launch"), each failure naming the variable or file and what to do:
 
 1. environment: every required variable set, paths exist, integers and enumerations valid, multi-node and
    network-interface settings consistent;
@@ -130,7 +130,7 @@ LOCKED_CONSTANTS: dict[str, Any] = {
     },
 }
 
-# Variables of paths.env (DESIGN 1) and what each must point at; used in messages.
+# Variables of paths.env (recipes/wnm_3d/stage3/paths.env.example) and what each must point at; used in messages.
 REQUIRED_PATHS = {
     "WNM3D_INITIAL_CHECKPOINT": "the complete Stage-II WNM-3D checkpoint directory the actor starts from",
     "WAM_DATA_CONTRACT_CHECKPOINT": "the checkpoint directory the data was converted with "

@@ -75,13 +75,9 @@ def cat_dataclass_tensors(items: Sequence, dim: int = 0):
     return type(first)(**values)
 
 
-def merge_results(parts: Sequence):
-    """Concatenates per-rank ``RolloutResults`` in rank order; ``context_rows`` become global rollout-context
-    indices into the concatenation of the ranks' contexts (offset by the earlier ranks' row counts)."""
-    return merge_results_with_offsets(parts, [0] * len(parts))
-
-
 def merge_results_with_offsets(parts: Sequence, row_offsets: Sequence[int]):
+    """Concatenates per-rank ``RolloutResults`` in rank order; ``context_rows`` become global rollout-context
+    indices into the concatenation of the ranks' contexts (``row_offsets[r]``: rows of the ranks before ``r``)."""
     first = parts[0]
     versions = {p.weight_version for p in parts}
     if len(versions) != 1:

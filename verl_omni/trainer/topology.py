@@ -1,4 +1,4 @@
-"""Topology resolver: batch sizes that divide exactly over the actor ranks (DESIGN 8).
+"""Topology resolver: batch sizes that divide exactly over the actor ranks.
 
 World size ``G = nnodes x gpus_per_node`` (CPU: ``nnodes x cpu_workers_per_node``). Each prompt gets
 ``n`` rollouts (16 = 4 strata x 4 branches in the locked recipe). With ``q = G / gcd(n, G)`` (the smallest

@@ -384,16 +384,5 @@ class ActorRolloutWorker(Worker):
         return {"version": self.version}
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def parameter_checksum(self) -> float:
-        """Sum of |full parameters| (for tests: did the weights change?)."""
-        from torch.distributed.tensor import DTensor
-
-        total = 0.0
-        for p in self.model.transformer.parameters():
-            t = p.full_tensor() if isinstance(p, DTensor) else p
-            total += float(t.detach().double().abs().sum())
-        return total
-
-    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def pid(self) -> int:
         return os.getpid()

@@ -1,7 +1,8 @@
 """Rectified-flow math for the joint video/action model (pure functions).
 
-Convention (DESIGN 4): ``x_s = (1 - s) x0 + s eps`` with ``s`` in [0, 1]; the model predicts the velocity
-``v = d x_s / d s = eps - x0``. Video and actions of a sample share ``s``.
+Convention (shared with the rollout's :mod:`verl_omni.pipelines.wnm_shared.sde`): ``x_s = (1 - s) x0 + s eps``
+with ``s`` in [0, 1]; the model predicts the velocity ``v = d x_s / d s = eps - x0``.
+Video and actions of a sample share ``s``.
 """
 
 from __future__ import annotations

@@ -45,7 +45,7 @@ class ExpertExample:
 
 
 def history_indices(t: int, frames: int) -> list[int]:
-    """Frame indices ``t - frames + 1 .. t`` clamped at 0 (DESIGN 3.3)."""
+    """Frame indices ``t - frames + 1 .. t`` clamped at 0 (as the converted rows, :mod:`verl_omni.data.schema`)."""
     return [max(0, t - frames + 1 + i) for i in range(frames)]
 
 

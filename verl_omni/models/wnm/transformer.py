@@ -636,9 +636,6 @@ class WNMTransformer(nn.Module):
         return self._heads(x[:, layout["target"]], x[:, layout["action"]], temb[:, 1:2])
 
     # ----- Wan weights ----------------------------------------------------------------------------------
-    def wan_video_state_keys(self) -> list[str]:
-        return [k for k in self.state_dict() if is_wan_video_key(k)]
-
     @torch.no_grad()
     def load_wan_video_weights(self, state_dict: dict[str, torch.Tensor]) -> tuple[list[str], list[str]]:
         """Initialises the video part from a diffusers ``WanTransformer3DModel`` state dict.

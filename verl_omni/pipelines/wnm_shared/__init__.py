@@ -1,4 +1,4 @@
-"""Rollout mechanics shared by the WNM variants (DESIGN 5): layers, schedule, SDE, RNG, sampling plan, backends."""
+"""Rollout mechanics shared by the WNM variants: layers, schedule, SDE, RNG, sampling plan, backends."""
 
 from verl_omni.pipelines.wnm_shared.backend import RolloutBackend, RolloutResults, decode_actions
 from verl_omni.pipelines.wnm_shared.config import NativeBackendConfig, SamplerConfig

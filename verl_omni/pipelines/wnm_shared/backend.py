@@ -1,4 +1,4 @@
-"""The rollout backend interface and the results it returns (DESIGN 5.4)."""
+"""The rollout backend interface and the results it returns."""
 
 from __future__ import annotations
 
@@ -76,22 +76,8 @@ class RolloutResults:
         return len(self.request_ids)
 
     @property
-    def x_prev(self) -> torch.Tensor:
-        """``[R, W, D]`` latents ``x_i`` entering each window step."""
-        return self.window_states[:, :-1]
-
-    @property
-    def x_next(self) -> torch.Tensor:
-        """``[R, W, D]`` latents ``x_{i+1}`` leaving each window step."""
-        return self.window_states[:, 1:]
-
-    @property
     def strata(self) -> torch.Tensor:
         return torch.tensor([r.stratum for r in self.requests], dtype=torch.int64)
-
-    @property
-    def branches(self) -> torch.Tensor:
-        return torch.tensor([r.branch for r in self.requests], dtype=torch.int64)
 
     @property
     def sample_ids(self) -> list[str]:
@@ -137,11 +123,16 @@ def results_from_outputs(
 
 
 class RolloutBackend(abc.ABC):
-    """What the rollout worker calls; implementations: ``native`` (in-process PyTorch)."""
+    """What the rollout worker calls; implementations: ``native`` (in-process PyTorch, :mod:`.native`) and
+    ``vllm_omni`` (:mod:`verl_omni.pipelines.wnm_vllm_omni.backend`)."""
 
     @abc.abstractmethod
-    def generate(self, requests: Sequence[RolloutRequest], contexts) -> RolloutResults:
-        """Runs the rollouts. ``contexts`` holds one row per prompt; requests point at rows."""
+    def generate(self, requests: Sequence[RolloutRequest], contexts, ode: bool = False) -> RolloutResults:
+        """Runs the rollouts. ``contexts`` holds one row per prompt; requests point at rows.
+
+        ``ode``: deterministic evaluation (every step an Euler step from the request's initial noise); the
+        window tensors come back empty (``W = 0``) and there are no log-probs.
+        """
 
     @abc.abstractmethod
     def update_weights(

@@ -1,4 +1,4 @@
-"""The joint-latent layout and the table of credit layers (DESIGN 5.3, docs/contracts.md "Layers").
+"""The joint-latent layout and the table of credit layers (docs/contracts.md "Layers").
 
 The joint latent of one rollout is a flat fp32 vector ``[D]`` = the flattened target video latents
 ``[C, T', h, w]`` (row-major) followed by the flattened normalized actions ``[steps, channels]`` (row-major,

@@ -1,4 +1,4 @@
-"""The ``native`` rollout backend: in-process, batched PyTorch generation (DESIGN 5.4).
+"""The ``native`` rollout backend: in-process, batched PyTorch generation (interface: :mod:`.backend`).
 
 The DiT runs in the configured dtype (bf16 on GPU); the SDE math and log-probs run in fp32. Requests
 that share a window run in lockstep, in chunks of ``NativeBackendConfig.effective_chunk_size``.
@@ -143,10 +143,6 @@ class NativeRolloutBackend(RolloutBackend):
     def wake_up(self) -> None:
         self.transformer.to(self.device)
         self._asleep = False
-
-    def encode_prompts(self, model, history_frames: torch.Tensor, instructions: list[str]):
-        """Encodes prompt contexts once (frozen encoders); every rollout of a prompt reuses its row."""
-        return model.encode_context(history_frames, instructions)
 
     # ----------------------------------------------------------------------------------------- generate
     @torch.no_grad()

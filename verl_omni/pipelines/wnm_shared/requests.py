@@ -1,4 +1,4 @@
-"""Rollout requests and the counterfactual stratified sampling plan (DESIGN 5.2)."""
+"""Rollout requests and the counterfactual stratified sampling plan."""
 
 from __future__ import annotations
 

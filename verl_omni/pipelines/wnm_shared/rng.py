@@ -1,4 +1,4 @@
-"""Request-level random number generation (DESIGN 5.2).
+"""Request-level random number generation.
 
 Every random draw of a rollout comes from its own ``torch.Generator`` seeded by a stable hash of the
 tuple that identifies it, never from a global generator; the draws are made on the CPU in fp32 and moved

@@ -1,4 +1,4 @@
-"""Shifted rectified-flow sigma schedule (DESIGN 5.1).
+"""Shifted rectified-flow sigma schedule.
 
 ``s_0 = 1 > s_1 > ... > s_K = 0``: uniform points ``u_i = 1 - i / K`` warped by the usual time shift
 ``s = shift * u / (1 + (shift - 1) * u)`` (shift > 1 spends more steps at high noise). Timesteps follow

@@ -1,4 +1,4 @@
-"""One denoising step of the rectified-flow SDE and its per-layer log-probability (DESIGN 5.1).
+"""One denoising step of the rectified-flow SDE and its per-layer log-probability.
 
 With velocity ``v = eps - x0`` at ``(x_i, s_i)`` and ``h_i = s_i - s_{i+1} > 0``, both supported forms share
 

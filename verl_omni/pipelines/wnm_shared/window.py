@@ -1,4 +1,4 @@
-"""Which denoising steps form the SDE window of a training step (DESIGN 5.1, 6).
+"""Which denoising steps form the SDE window of a training step.
 
 Steps inside the window are sampled with the SDE and carry log-probs; the others are Euler steps. The
 window is ``window_size`` consecutive steps inside ``[lo, hi)`` and is the same for every rollout of a

@@ -1,4 +1,4 @@
-"""``vllm_omni`` rollout backend: the WNM DiT as a vLLM-Omni diffusion pipeline (DESIGN 5.4, docs/vllm_omni.md).
+"""``vllm_omni`` rollout backend: the WNM DiT as a vLLM-Omni diffusion pipeline (docs/vllm_omni.md).
 
 Importing this package never imports vllm or vllm_omni; only ``engine.VllmOmniEngine``, ``pipeline.forward``
 and ``registration`` do, when they run. Modules:

@@ -1,4 +1,4 @@
-"""The ``vllm_omni`` rollout backend: :class:`RolloutBackend` over a vLLM-Omni engine (DESIGN 5.4).
+"""The ``vllm_omni`` rollout backend: :class:`RolloutBackend` over a vLLM-Omni engine.
 
 ``generate`` sends the prompt contexts once (``put_contexts``), one diffusion request per rollout (our
 :class:`RolloutRequest` fields, ``protocol.py``), collects the per-request tensors and assembles the same

@@ -1,4 +1,4 @@
-"""Layer-conditioned counterfactual advantages (DESIGN 6).
+"""Layer-conditioned counterfactual advantages (docs/design.md, "One Stage-III step").
 
 For rollout ``i`` of prompt ``p`` (stratum ``s``) and layer ``g``::
 

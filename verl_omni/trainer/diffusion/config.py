@@ -15,7 +15,7 @@ STD_SCOPES = ("prompt", "global")
 
 @dataclass(frozen=True)
 class AdvantageConfig:
-    """How per-layer rewards become advantages (DESIGN 6).
+    """How per-layer rewards become advantages (:mod:`verl_omni.trainer.diffusion.advantages`).
 
     Attributes:
         baseline: ``stratum`` (mean over the rollout's own stratum) or ``prompt`` (mean over the prompt).
@@ -51,7 +51,7 @@ class AdvantageConfig:
 
 @dataclass(frozen=True)
 class LossConfig:
-    """The clipped surrogate (DESIGN 6).
+    """The clipped surrogate (:mod:`verl_omni.trainer.diffusion.loss`).
 
     Attributes:
         clip_eps: Ratio clip range ``[1 - eps, 1 + eps]``.

@@ -1,4 +1,4 @@
-"""The layer-credited clipped surrogate, its KL term and its metrics (DESIGN 6).
+"""The layer-credited clipped surrogate, its KL term and its metrics (docs/design.md, "One Stage-III step").
 
 For every stored window step and layer ``g``, with ``r = exp(logp_g - logp_old_g)``::
 

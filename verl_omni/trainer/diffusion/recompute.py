@@ -1,4 +1,4 @@
-"""Per-layer log-probs of stored SDE-window transitions under the current weights (DESIGN 6).
+"""Per-layer log-probs of stored SDE-window transitions under the current weights.
 
 This is what the actor computes in training. It reuses the rollout's own pieces
 (:func:`~verl_omni.pipelines.wnm_shared.velocity.joint_velocity` and
