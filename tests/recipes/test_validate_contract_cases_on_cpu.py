@@ -188,7 +188,7 @@ def test_topology_cannot_divide(check):
         ("  strata: 4\n", "  strata: 2\n", "locked constant rollout.strata is 2"),
         ("  lr: 1.0e-5\n", "  lr: 3.0e-5\n", "locked constant actor.lr is 3e-05"),
         (
-            "        hard_penalty: 2.0\n",
+            "        hard_penalty: 1.0\n",
             "        hard_penalty: 0.5\n",
             "locked constant reward.reward_set.rewards.collision.hard_penalty is 0.5",
         ),
