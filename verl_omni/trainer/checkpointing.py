@@ -81,7 +81,7 @@ RESUMABLE_KNOBS = {
     "data.val_max_samples": "WAM_VAL_MAX_SAMPLES",
     "actor.compile": "WAM_COMPILE",
     "actor.param_offload": "",
-    "actor.optimizer_offload": "",
+    "actor.optimizer_offload": "",  # field removed (never read); kept so older run directories can resume
     "actor.gradient_checkpointing": "",
     "rollout.backend": "WAM_ROLLOUT_BACKEND",
     "reward.num_workers": "WAM_REWARD_WORKERS",

@@ -37,7 +37,8 @@ class ModelConfig:
         initial_checkpoint: Complete Stage-II WNM checkpoint the actor starts from.
         data_contract_checkpoint: Checkpoint the data was converted with (contract must match).
         source_root: External WNM-3D checkout (``WNM3D_SOURCE_ROOT``) or None for the built-in model.
-        variant: ``wnm_3d`` (geometry tokens) or ``wnm_2d``.
+        variant: ``wnm_3d`` (geometry tokens) or ``wnm_2d``; every actor rank builds its rollout backend through
+            the variant factory, which refuses an initial checkpoint of the other variant.
     """
 
     initial_checkpoint: str = ""
@@ -228,7 +229,6 @@ class ActorConfig:
     lr_schedule: str = "constant"
     min_lr_ratio: float = 0.0
     param_offload: bool = False
-    optimizer_offload: bool = False
     reshard_after_forward: bool = True
     gradient_checkpointing: bool = False
     compile: bool = False

@@ -116,7 +116,7 @@ class ActorRolloutWorker(Worker):
 
         from verl_omni.models.wnm import load_wnm_checkpoint
         from verl_omni.pipelines.wnm_shared.config import NativeBackendConfig
-        from verl_omni.pipelines.wnm_shared.native import NativeRolloutBackend
+        from verl_omni.pipelines.wnm_shared.factory import build_rollout_backend
 
         cfg = self.cfg
         self.spec = resolve_device(cfg.topology.use_gpu, cfg.rollout.dtype)
@@ -164,8 +164,11 @@ class ActorRolloutWorker(Worker):
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(cfg))
         # The backend runs the FSDP module in fp32 "storage" dtype: FSDP's mixed-precision policy does the
         # bf16 cast inside forward, so rollout and training execute the same kernels.
-        self.backend = NativeRolloutBackend.from_model(
+        # Built through the variant factory: a checkpoint whose variant is not model.variant is refused here.
+        self.backend = build_rollout_backend(
             model,
+            cfg.model.variant,
+            "native",
             sampler_config_from(cfg),
             NativeBackendConfig(
                 device=str(device),
