@@ -131,7 +131,7 @@ class Stage3Trainer:
 
     def _build_workers(self) -> None:
         import ray
-        from verl.single_controller.ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup
+        from verl.single_controller.ray import RayClassWithInitArgs, RayResourcePool
 
         from verl_omni.workers.actor_rollout import ActorRolloutWorker
         from verl_omni.workers.reward_worker import RewardWorker
@@ -147,10 +147,11 @@ class Stage3Trainer:
             name_prefix="wnm_actor",
         )
         device_name = "cuda" if topo.use_gpu else "cpu"
-        self.actor_wg = RayWorkerGroup(
+        self.actor_wg = _worker_group_class()(
             actor_pool,
             RayClassWithInitArgs(cls=ray.remote(ActorRolloutWorker), config=self.cfg.to_dict()),
             device_name=device_name,
+            **self._rendezvous_on_this_node(),
         )
         reward_pool = RayResourcePool(
             process_on_nodes=[self.cfg.reward.num_workers],
@@ -158,10 +159,11 @@ class Stage3Trainer:
             max_colocate_count=1,
             name_prefix="wnm_reward",
         )
-        self.reward_wg = RayWorkerGroup(
+        self.reward_wg = _worker_group_class()(
             reward_pool,
             RayClassWithInitArgs(cls=ray.remote(RewardWorker), reward_set=self._reward_set_config()),
             device_name="cpu",
+            **self._rendezvous_on_this_node(),
         )
         info = self.actor_wg.init_model()
         self._log(f"actor ranks: {info}")
@@ -169,6 +171,27 @@ class Stage3Trainer:
         pids = {"actor_ranks": [int(p) for p in self.actor_wg.pid()], "driver": os.getpid()}
         checkpointing.atomic_write_text(self.out / "worker_pids.json", json.dumps(pids) + "\n")
         self._start_control(int(info[0]["trainable_params"]))
+
+    @staticmethod
+    def _rendezvous_on_this_node() -> dict:
+        """``master_addr``/``master_port`` of a worker group, chosen here when the cluster is this one node.
+
+        Without them verl runs a throwaway Ray task (``get_master_addr_port``) per worker group to pick them.
+        Ray later reaps that idle task worker, and Ray's C++ core worker sometimes aborts while it exits
+        (abseil "Mutex corrupt"); the faulthandler Ray installs in every worker then prints "Fatal Python error:
+        Aborted" into the driver's log although nothing failed. On one node the driver's address is rank 0's,
+        so no task is needed. On several nodes rank 0 may live elsewhere: verl's task picks them there.
+        """
+        import socket
+
+        import ray
+
+        if len([n for n in ray.nodes() if n.get("Alive")]) != 1:
+            return {}
+        with socket.socket() as s:  # the same way verl's task picks a port (free now, bound by rank 0 later)
+            s.bind(("", 0))
+            port = s.getsockname()[1]
+        return {"master_addr": ray.util.get_node_ip_address().strip("[]"), "master_port": str(port)}
 
     def _start_control(self, trainable_params: int) -> None:
         """Creates the named control actor that hot-save tools talk to (one per namespace)."""
@@ -709,6 +732,28 @@ class Stage3Trainer:
 
         if self._ray_started_here and ray.is_initialized():
             ray.shutdown()
+
+
+def _worker_group_class():
+    """verl's ``RayWorkerGroup`` that honours the ``master_addr``/``master_port`` it is given.
+
+    verl 0.9.1 pops both keyword arguments and then its base ``WorkerGroup.__init__`` resets them to None, so it
+    always runs its ``get_master_addr_port`` task (see :meth:`Stage3Trainer._rendezvous_on_this_node`).
+    """
+    from verl.single_controller.ray import RayWorkerGroup
+
+    class _WorkerGroup(RayWorkerGroup):
+        def __init__(self, *args, master_addr: str | None = None, master_port: str | None = None, **kwargs):
+            self._given_rendezvous = (master_addr, master_port)
+            super().__init__(*args, **kwargs)
+
+        def _get_master_addr_port(self, pg, bundle_index=0, master_port_range=None):
+            if self._given_rendezvous[0] is not None:
+                self._master_addr, self._master_port = self._given_rendezvous
+                return
+            super()._get_master_addr_port(pg, bundle_index=bundle_index, master_port_range=master_port_range)
+
+    return _WorkerGroup
 
 
 def _slice_results(results, n: int):
