@@ -1,0 +1,38 @@
+"""scripts/train_stage2.py at its smallest: SFT round, one DAgger round, evaluations, probes, resume."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_two_rounds_then_resume(tmp_path):
+    work = tmp_path / "s2"
+    cmd = [sys.executable, str(REPO / "scripts/train_stage2.py"), "--workdir", str(work), "--level", "one_room",
+           "--scenes", "2", "--episodes-per-scene", "1", "--rounds", "2", "--dagger-scenes", "1", "--sft-steps", "2",
+           "--round-steps", "1", "--batch-size", "2", "--eval-scenes", "1", "--eval-episodes", "2",
+           "--probe-states", "4", "--workers", "1", "--no-progress"]  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    summary = json.loads((work / "summary.json").read_text())
+    assert set(summary["evaluations"]) == {"expert", "goal_bearing", "straight", "stop", "stage2_r0", "stage2_r1"}
+    assert summary["evaluations"]["expert"]["success"]["mean"] == 1.0
+    assert set(summary["probes"]["stage2_r1"]) == {
+        "mean_action_baseline", "full", "shuffled_instruction", "static_history", "shuffled_views"
+    }  # fmt: skip
+    meta = json.loads((work / "data" / "r1" / "collection.json").read_text())
+    assert meta["policy"]["type"] == "dagger" and meta["policy"]["beta"] == 0.5 and meta["level"] == "one_room"
+    for rnd in (0, 1):
+        ckpt = work / "ckpt" / f"stage2_r{rnd}"
+        manifest = json.loads((ckpt / "checkpoint_manifest.json").read_text())
+        assert "README.md" in manifest["files"]  # the model card is part of the verified checkpoint
+        assert f"round {rnd}" in (ckpt / "README.md").read_text()
+    assert "| stage2_r1 |" in (work / "summary.md").read_text()
+    # A rerun finds every stage's output and reuses it (nothing is retrained or overwritten).
+    before = (work / "ckpt" / "stage2_r1" / "checkpoint_manifest.json").read_bytes()
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "reusing" in proc.stdout
+    assert (work / "ckpt" / "stage2_r1" / "checkpoint_manifest.json").read_bytes() == before
