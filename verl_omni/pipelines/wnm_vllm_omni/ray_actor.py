@@ -11,9 +11,23 @@ without vLLM's engine (``engine.InProcessEngine``), which is how the actor is te
 
 from __future__ import annotations
 
+import os
 from dataclasses import asdict
 
 from verl_omni.pipelines.wnm_vllm_omni.engine import VllmOmniEngineConfig
+
+# torch.distributed / torchrun variables a trainer rank's process carries; the engine's process drops them.
+DISTRIBUTED_ENV = (
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "WORLD_SIZE",
+    "RANK",
+    "LOCAL_RANK",
+    "LOCAL_WORLD_SIZE",
+    "GROUP_RANK",
+    "ROLE_RANK",
+    "TORCHELASTIC_RUN_ID",
+)
 
 
 class VllmOmniRolloutActor:
@@ -26,6 +40,11 @@ class VllmOmniRolloutActor:
 
     def __init__(self, engine: str, config: dict) -> None:
         cfg = VllmOmniEngineConfig(**config)
+        # A Ray actor started from a trainer rank inherits the rank's runtime_env, i.e. the torch.distributed
+        # variables of the FSDP group (verl sets them per rank). This process only hosts the engine: vLLM-Omni
+        # would take MASTER_PORT as its own master port (diffusion/data.py, _resolve_master_port), the same one
+        # for every rank's engine (EADDRINUSE); without them it picks a free port and builds its own WORLD.
+        self.dropped_env = {k: os.environ.pop(k) for k in DISTRIBUTED_ENV if k in os.environ}
         if engine == "vllm":
             from verl_omni.pipelines.wnm_vllm_omni.engine import VllmOmniEngine
 
@@ -103,6 +122,42 @@ class RayEngineClient:
             ray.kill(self.handle)
 
 
+def caller_cuda_device() -> str | None:
+    """The physical id of the calling process's current CUDA device (as ``CUDA_VISIBLE_DEVICES`` names it),
+    or None when CUDA is not in use here."""
+    import os
+
+    import torch
+
+    if not torch.cuda.is_available() or not torch.cuda.is_initialized():
+        return None
+    index = torch.cuda.current_device()
+    visible = [d.strip() for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
+    return visible[index] if index < len(visible) else str(index)
+
+
+def colocated_actor_options(runtime_env: dict | None = None) -> dict:
+    """Ray options for an engine actor next to the calling rank (see ``start_rollout_actor(colocate=True)``)."""
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    env = dict(runtime_env or {})
+    env_vars = dict(env.get("env_vars") or {})
+    device = caller_cuda_device()
+    if device is not None:
+        env_vars["CUDA_VISIBLE_DEVICES"] = device
+    if env_vars:
+        env["env_vars"] = env_vars
+    options = {
+        "num_cpus": 0,
+        "num_gpus": 0,
+        "scheduling_strategy": NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False),
+    }
+    if env:
+        options["runtime_env"] = env
+    return options
+
+
 def start_rollout_actor(
     model_config,
     action_normalization,
@@ -112,6 +167,7 @@ def start_rollout_actor(
     num_gpus: float = 1,
     runtime_env: dict | None = None,
     bucket_bytes: int | None = None,
+    colocate: bool = False,
 ):
     """Starts a :class:`VllmOmniRolloutActor` and returns the :class:`VllmOmniRolloutBackend` driving it.
 
@@ -123,6 +179,13 @@ def start_rollout_actor(
         engine: ``vllm`` (GPU) or ``in_process``.
         num_gpus: GPUs for the actor (vLLM-Omni's parallel ranks run on them); 0 for ``in_process`` on CPU.
         runtime_env: Ray runtime environment for the actor (e.g. another Python environment).
+        colocate: Start the engine next to the calling process (a trainer rank), on its node and its device,
+            claiming no Ray resources of its own (the rank holds them): ``num_cpus=0``, ``num_gpus=0``, node
+            affinity to the caller's node, and on a GPU rank ``CUDA_VISIBLE_DEVICES`` set to the rank's current
+            device (Ray leaves that variable alone for an actor with zero GPUs). The engine's process has its
+            own torch.distributed WORLD (vLLM-Omni builds it from the engine's own parallel sizes), not the
+            rank's FSDP group, which vLLM-Omni would otherwise reuse and refuse ("data_parallel_size (1) does
+            not match WORLD-derived value (N)"). ``num_gpus`` is then ignored.
     """
     import ray
 
@@ -133,10 +196,13 @@ def start_rollout_actor(
 
     sampler = sampler or SamplerConfig()
     config.sampler = sampler_to_args(sampler)
-    # On CPU the actor takes no CPU slot of its own: it runs next to the trainer rank that drives it.
-    options = {"num_gpus": num_gpus, "num_cpus": 0 if not num_gpus else 1}
-    if runtime_env:
-        options["runtime_env"] = runtime_env
+    if colocate:
+        options = colocated_actor_options(runtime_env)
+    else:
+        # On CPU the actor takes no CPU slot of its own: it runs next to the process that drives it.
+        options = {"num_gpus": num_gpus, "num_cpus": 0 if not num_gpus else 1}
+        if runtime_env:
+            options["runtime_env"] = runtime_env
     handle = ray.remote(VllmOmniRolloutActor).options(**options).remote(engine, asdict(config))
     layout = ActionLayout(steps=model_config.action_steps, chunks=model_config.action_chunks)
     kw = {} if bucket_bytes is None else {"bucket_bytes": bucket_bytes}
