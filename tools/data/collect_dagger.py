@@ -22,6 +22,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from verl_omni.sim.parallel import refuse_nonempty_dir
+
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description="Closed-loop DAgger collection with a WNM checkpoint as behaviour policy.")
@@ -43,13 +45,6 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _check_output(path: Path, flag: str) -> None:
-    if path.exists() and not path.is_dir():
-        raise SystemExit(f"error: {flag} {path} exists and is not a directory")
-    if path.is_dir() and any(path.iterdir()):
-        raise SystemExit(f"error: {flag} {path} is not empty; choose a new or empty directory (nothing was written)")
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -65,8 +60,8 @@ def main(argv: list[str] | None = None) -> int:
     out_dir, occ_dir = args.output_dir.resolve(), args.occupancy_dir.resolve()
     if out_dir == occ_dir or out_dir in occ_dir.parents or occ_dir in out_dir.parents:
         parser.error("--output-dir and --occupancy-dir must be separate folders (neither inside the other)")
-    _check_output(out_dir, "--output-dir")
-    _check_output(occ_dir, "--occupancy-dir")
+    refuse_nonempty_dir(out_dir, "--output-dir")
+    refuse_nonempty_dir(occ_dir, "--occupancy-dir")
 
     from verl_omni.data.hashing import file_sha256
     from verl_omni.models.wnm.checkpoint import MANIFEST_NAME
@@ -110,8 +105,8 @@ def main(argv: list[str] | None = None) -> int:
         meta["level"] = level.name
         meta["dagger_summary"] = summary
         write_collection_meta(tmp_out / "collection.json", meta)
-        _check_output(out_dir, "--output-dir")
-        _check_output(occ_dir, "--occupancy-dir")
+        refuse_nonempty_dir(out_dir, "--output-dir")
+        refuse_nonempty_dir(occ_dir, "--occupancy-dir")
         tmp_occ.replace(occ_dir)
         temps.remove(tmp_occ)
         tmp_out.replace(out_dir)

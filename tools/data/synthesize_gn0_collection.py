@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import multiprocessing
 import shutil
 import sys
 import tempfile
@@ -28,6 +27,7 @@ from pathlib import Path
 from verl_omni.sim.collector import CollectorConfig, SceneError, SynthesisConfig, synthesize_scene_job
 from verl_omni.sim.events import EVENT_NAMES
 from verl_omni.sim.floorplan import FloorPlanConfig, FloorPlanError
+from verl_omni.sim.parallel import map_jobs, refuse_nonempty_dir
 from verl_omni.sim.planner import PlanningError
 from verl_omni.sim.render import CameraConfig
 
@@ -82,13 +82,6 @@ def make_config(args: argparse.Namespace) -> SynthesisConfig:
     )
 
 
-def _check_output(path: Path, flag: str) -> None:
-    if path.exists() and not path.is_dir():
-        raise SystemExit(f"error: {flag} {path} exists and is not a directory")
-    if path.is_dir() and any(path.iterdir()):
-        raise SystemExit(f"error: {flag} {path} is not empty; choose a new or empty directory (nothing was written)")
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -101,8 +94,8 @@ def main(argv: list[str] | None = None) -> int:
     out_dir, occ_dir = args.output_dir.resolve(), args.occupancy_dir.resolve()
     if out_dir == occ_dir or out_dir in occ_dir.parents or occ_dir in out_dir.parents:
         parser.error("--output-dir and --occupancy-dir must be separate folders (neither inside the other)")
-    _check_output(out_dir, "--output-dir")
-    _check_output(occ_dir, "--occupancy-dir")
+    refuse_nonempty_dir(out_dir, "--output-dir")
+    refuse_nonempty_dir(occ_dir, "--occupancy-dir")
 
     start = time.perf_counter()
     temps: list[Path] = []
@@ -117,8 +110,8 @@ def main(argv: list[str] | None = None) -> int:
         results = _run_jobs(jobs, args.workers)
         meta = cfg.collection_meta(args.seed)
         (tmp_out / "collection.json").write_text(json.dumps(meta, indent=1) + "\n")
-        _check_output(out_dir, "--output-dir")  # someone may have written there meanwhile
-        _check_output(occ_dir, "--occupancy-dir")
+        refuse_nonempty_dir(out_dir, "--output-dir")  # someone may have written there meanwhile
+        refuse_nonempty_dir(occ_dir, "--occupancy-dir")
         # rename(2) replaces an empty destination directory atomically.
         tmp_occ.replace(occ_dir)
         temps.remove(tmp_occ)
@@ -146,21 +139,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _run_jobs(jobs: list, workers: int) -> list[dict]:
-    from tqdm import tqdm
-
-    results = []
-    with tqdm(total=len(jobs), desc="scenes", unit="scene") as bar:
-        if workers == 1:
-            for job in jobs:
-                results.append(synthesize_scene_job(job))
-                bar.update()
-        else:
-            # spawn: workers start clean (no inherited threads or open video handles).
-            ctx = multiprocessing.get_context("spawn")
-            with ctx.Pool(min(workers, len(jobs))) as pool:
-                for r in pool.imap_unordered(synthesize_scene_job, jobs):
-                    results.append(r)
-                    bar.update()
+    results = map_jobs(synthesize_scene_job, jobs, workers, desc="scenes", unit="scene")
     return sorted(results, key=lambda r: r["scene_id"])
 
 

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import math
-import multiprocessing
 import zlib
 from collections import Counter
 from collections.abc import Sequence
@@ -41,6 +40,7 @@ from verl_omni.sim.events import EVENT_NAMES
 from verl_omni.sim.floorplan import FloorPlan, FloorPlanError, generate_floor_plan
 from verl_omni.sim.heldout import _base_planner
 from verl_omni.sim.instructions import make_instructions
+from verl_omni.sim.parallel import map_jobs
 from verl_omni.sim.reference_policies import ExpertPolicy
 from verl_omni.sim.render import Renderer
 
@@ -203,8 +203,6 @@ def collect_dagger_round(
     Returns:
         Summary: episodes, queries, frames, events, the behaviour's expert share, the learner's SR on the round.
     """
-    from tqdm import tqdm
-
     plans = [make_scene(scene_offset + i, seed, cfg) for i in range(cfg.num_scenes)]
     for plan in plans:
         plan.save(Path(occupancy_root) / plan.scene_id)
@@ -236,18 +234,7 @@ def collect_dagger_round(
         }
         jobs.append((by_id[task.spec.scene_id], task, res.poses, res.blocked, res.end_reason == "stop", info, cfg,
                      str(episodes_dir)))  # fmt: skip
-    summaries = []
-    with tqdm(total=len(jobs), desc="relabel", unit="ep", disable=not progress) as bar:
-        if workers <= 1:
-            for job in jobs:
-                summaries.append(_label_job(job))
-                bar.update()
-        else:
-            ctx = multiprocessing.get_context("spawn")
-            with ctx.Pool(min(workers, len(jobs))) as pool:
-                for s in pool.imap_unordered(_label_job, jobs):
-                    summaries.append(s)
-                    bar.update()
+    summaries = map_jobs(_label_job, jobs, workers, desc="relabel", unit="ep", progress=progress)
     events: Counter = Counter()
     for s in summaries:
         events.update(s["events"])
