@@ -37,7 +37,10 @@ def test_quickstart_smallest_runs_every_user_command(tmp_path):
     ):
         assert (ws / rel).exists(), f"quickstart did not produce {rel}"
     report = json.loads((ws / "eval" / "report.json").read_text())
-    assert set(report["runs"]) == {"checkpoint", "compare"}
+    # Stage II and Stage III, and the goal-bearing reference on the same episodes of the one-room level.
+    assert set(report["runs"]) == {"checkpoint", "compare", "policy:goal_bearing"}
+    assert report["settings"]["level"] == "one_room"
+    assert "Geodesic progress:" in out and "goal_bearing" in out.split("Geodesic progress:")[1].splitlines()[0]
     # Running it again without --force must refuse and leave the workspace alone.
     again = subprocess.run(
         ["bash", "scripts/quickstart.sh", "--smallest"], cwd=REPO, env=env, capture_output=True, text=True, timeout=600
