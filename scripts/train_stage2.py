@@ -153,8 +153,31 @@ def _evaluate(policy, label: str, plans, specs, out: Path, progress: bool) -> di
     return agg
 
 
+def _check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Refuses bad flags before any work starts (nothing is written)."""
+    from verl_omni.sim.levels import LEVELS
+
+    if args.level not in LEVELS:
+        parser.error(f"--level: unknown {args.level!r}; choose one of {sorted(LEVELS)}")
+    for flag in ("scenes", "episodes_per_scene", "rounds", "dagger_scenes", "sft_steps", "round_steps",
+                 "batch_size", "eval_scenes", "eval_episodes", "probe_states", "workers"):  # fmt: skip
+        if getattr(args, flag) < 1:
+            parser.error(f"--{flag.replace('_', '-')} must be >= 1, got {getattr(args, flag)}")
+    if args.probe_states < 2:
+        parser.error("--probe-states must be >= 2 (the ablations swap inputs between states)")
+    for flag in ("beta0", "beta_decay"):
+        if not 0.0 <= getattr(args, flag) <= 1.0:
+            parser.error(f"--{flag.replace('_', '-')} must be in [0, 1], got {getattr(args, flag)}")
+    if not (args.lr > 0 and args.action_weight >= 0):
+        parser.error(f"--lr must be > 0 and --action-weight >= 0, got {args.lr}, {args.action_weight}")
+    if args.workdir.exists() and not args.workdir.is_dir():
+        parser.error(f"--workdir {args.workdir}: exists and is not a directory")
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    _check_args(parser, args)
     import numpy as np
     import torch
 

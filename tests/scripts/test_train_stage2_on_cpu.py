@@ -36,3 +36,12 @@ def test_two_rounds_then_resume(tmp_path):
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "reusing" in proc.stdout
     assert (work / "ckpt" / "stage2_r1" / "checkpoint_manifest.json").read_bytes() == before
+
+
+def test_bad_flags_are_refused_before_any_work(tmp_path):
+    base = [sys.executable, str(REPO / "scripts/train_stage2.py"), "--workdir", str(tmp_path / "w")]
+    for extra, needle in ((["--level", "castle"], "one_room"), (["--rounds", "0"], "--rounds"),
+                          (["--beta0", "1.5"], "--beta0"), (["--probe-states", "1"], "--probe-states")):  # fmt: skip
+        proc = subprocess.run([*base, *extra], capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 2 and needle in proc.stderr, proc.stderr
+    assert not (tmp_path / "w").exists()
