@@ -5,28 +5,32 @@ from __future__ import annotations
 import copy
 from pathlib import Path
 
-from verl_omni.trainer.contract_check import (
-    LOCKED_CONSTANTS,
-    Report,
-    Settings,
-    check_config,
-    check_environment,
+import pytest
+
+from verl_omni.trainer import locked_recipe
+from verl_omni.trainer.contract_check import check_config
+from verl_omni.trainer.contract_env import Report, Settings, check_environment, parse_bool, parse_int
+from verl_omni.trainer.locked_recipe import (
+    LOCKED_PATH,
+    canonical_problems,
+    fingerprint,
     flatten,
     locked_constant_problems,
-    parse_bool,
-    parse_int,
+    read_locked_file,
 )
+
+LOCKED = read_locked_file(LOCKED_PATH)
 
 
 def test_flatten_nested_mapping():
     assert flatten({"a": {"b": 1, "c": {"d": [1, 2]}}, "e": None}) == {"a.b": 1, "a.c.d": [1, 2], "e": None}
 
 
-def test_canonical_copy_has_16_rollouts_and_9_layers():
-    rollout = LOCKED_CONSTANTS["rollout"]
+def test_locked_file_has_16_rollouts_and_9_layers():
+    rollout = LOCKED["rollout"]
     assert rollout["strata"] * rollout["branches"] == 16
-    assert len(LOCKED_CONSTANTS["algorithm"]["layers"]) == 9
-    assert sorted(LOCKED_CONSTANTS["reward"]["reward_set"]["rewards"]) == [
+    assert len(LOCKED["algorithm"]["layers"]) == 9
+    assert sorted(LOCKED["reward"]["reward_set"]["rewards"]) == [
         "collision",
         "navigation",
         "stop",
@@ -36,7 +40,7 @@ def test_canonical_copy_has_16_rollouts_and_9_layers():
 
 
 def test_locked_constant_problems_names_each_change():
-    tree = copy.deepcopy(LOCKED_CONSTANTS)
+    tree = copy.deepcopy(LOCKED)
     assert locked_constant_problems(tree, "x/locked.yaml") == []
     tree["rollout"]["window"]["size"] = 3
     tree["algorithm"]["layer_weights"]["stop_4"] = 2.0
@@ -50,14 +54,48 @@ def test_locked_constant_problems_names_each_change():
     assert "actor.lr is missing" in joined
     assert "algorithm.extra is not a locked constant" in joined
     # In a composed config, keys outside the locked set are fine; booleans are not numbers.
-    tree = copy.deepcopy(LOCKED_CONSTANTS)
+    tree = copy.deepcopy(LOCKED)
     tree["trainer"] = {"total_steps": 5}
     assert locked_constant_problems(tree, "composed") == []
     tree["rollout"]["shared_initial_noise"] = 1
     assert "rollout.shared_initial_noise is 1" in locked_constant_problems(tree, "composed")[0]
-    tree = copy.deepcopy(LOCKED_CONSTANTS)
+    tree = copy.deepcopy(LOCKED)
     tree["rollout"]["strata"] = 4.0  # YAML 4.0 == 4
     assert locked_constant_problems(tree, "composed") == []
+
+
+def test_repository_locked_file_matches_its_published_fingerprint():
+    assert canonical_problems() == []
+    # Key order does not matter; a value does.
+    assert fingerprint(dict(reversed(list(LOCKED.items())))) == fingerprint(LOCKED)
+    changed = copy.deepcopy(LOCKED)
+    changed["algorithm"]["clip_eps"] = 0.2
+    assert fingerprint(changed) != fingerprint(LOCKED)
+
+
+@pytest.fixture
+def edited_repository_file(monkeypatch, tmp_path):
+    """The repository's locked.yaml edited in place (here: a copy that the module is pointed at)."""
+
+    def edit(old: str, new: str):
+        path = tmp_path / "locked.yaml"
+        path.write_text(LOCKED_PATH.read_text().replace(old, new))
+        monkeypatch.setattr(locked_recipe, "LOCKED_PATH", path)
+        locked_recipe._canonical.cache_clear()
+        return path
+
+    yield edit
+    locked_recipe._canonical.cache_clear()
+
+
+def test_in_place_edit_of_the_repository_file_is_refused(edited_repository_file):
+    # A copied recipe compares equal to an edited source, so only the fingerprint sees this edit.
+    path = edited_repository_file("  clip_eps: 1.0e-4\n", "  clip_eps: 0.2\n")
+    assert locked_constant_problems(read_locked_file(path), str(path)) == []
+    (problem,) = canonical_problems()
+    assert "differ from the published recipe wnm-3d-stage3-navigation-grpo-r1" in problem
+    path = edited_repository_file("recipe: wnm-3d-stage3-navigation-grpo-r1", "recipe: my-recipe")
+    assert "recipe 'my-recipe' is not a published recipe" in canonical_problems()[0]
 
 
 def test_parse_int_and_bool():

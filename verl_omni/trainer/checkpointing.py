@@ -254,17 +254,16 @@ def checkpoint_identity(path: str | Path) -> str:
 
 def run_provenance(cfg_dict: Mapping[str, Any]) -> dict[str, Any]:
     """Flat ``item -> value`` record of a run from its resolved config (``Stage3Config.to_dict()``)."""
-    from verl_omni.trainer.contract_check import LOCKED_CONSTANTS, flatten
+    from verl_omni.trainer.locked_recipe import is_locked_key
 
     flat = _flatten(cfg_dict)
-    locked = set(flatten(LOCKED_CONSTANTS))
     items: dict[str, Any] = {}
     for key, value in sorted(flat.items()):
         if key in _PATH_ITEMS:
             continue
         if key == "recipe":
             items["recipe"] = value
-        elif key in locked or any(key.startswith(k + ".") for k in locked):
+        elif is_locked_key(key):
             items[f"locked:{key}"] = value
         elif key.startswith("topology."):
             items[f"topology:{key}"] = value

@@ -36,6 +36,18 @@ class RayProcess:
     cmdline: str
 
 
+def detect_gpus() -> int:
+    """Local GPUs visible to this process (respects ``CUDA_VISIBLE_DEVICES``); 0 without an NVIDIA driver."""
+    import shutil
+    from pathlib import Path
+
+    if shutil.which("nvidia-smi") is None and not Path("/dev/nvidiactl").exists():
+        return 0
+    import torch
+
+    return torch.cuda.device_count()
+
+
 def network_interfaces() -> list[str]:
     """Names of this machine's network interfaces."""
     import psutil
@@ -261,8 +273,6 @@ def main(argv: list[str] | None = None) -> int:
     sub.choices["follow-head"].add_argument("--interval", type=float, default=5.0, help="seconds between polls")
     args = parser.parse_args(argv)
     if args.cmd == "gpus":
-        from verl_omni.trainer.contract_check import detect_gpus
-
         print(detect_gpus())
         return 0
     if args.cmd == "node-ip":
