@@ -8,7 +8,7 @@ import math
 import pytest
 
 from verl_omni.trainer.config import TopologyConfig
-from verl_omni.trainer.topology import TopologyError, TopologyRequest, resolve_topology
+from verl_omni.trainer.topology import TopologyError, TopologyRequest, resolve_config_topology, resolve_topology
 
 
 def _req(nnodes=1, gpus=0, cpu=2, p=8, mini=8, micro=8, n_train=1024, rollouts=16):
@@ -104,3 +104,44 @@ def test_every_plan_passes_the_schema_check():
             continue
         TopologyConfig(**plan.topology_section()).validate(16)
         assert n_train % plan.prompts_per_step == 0
+
+
+def _tree(**topology):
+    return {
+        "rollout": {"strata": 4, "branches": 4},
+        "data": {"expected_train_size": 24},
+        "topology": {"nnodes": 1, "gpus_per_node": 0, "cpu_workers_per_node": 3, **topology},
+        "trainer": {"seed": 5},
+    }
+
+
+def test_config_tree_resolves_to_exact_counts_and_stays_untouched():
+    # G = 3, q = 3 / gcd(16, 3) = 3; multiples of 3 dividing 24: 3, 6, 12, 24 -> P = 6 (nearest 8);
+    # M from {3, 6} -> 6; per rank 16 x 6 / 3 = 32 rollouts -> micro 16 (largest divisor <= 16).
+    tree = _tree(prompts_per_step=8, ppo_mini_batch_prompts=8, micro_batch_rollouts=16)
+    resolved, plan = resolve_config_topology(tree)
+    assert resolved["topology"] == {
+        "nnodes": 1,
+        "gpus_per_node": 0,
+        "cpu_workers_per_node": 3,
+        "prompts_per_step": 6,
+        "ppo_mini_batch_prompts": 6,
+        "micro_batch_rollouts": 16,
+    }
+    assert resolved["trainer"] == {"seed": 5} and tree["topology"]["prompts_per_step"] == 8
+    assert plan.describe() == resolve_topology(plan.request).describe()
+    # Resolved counts resolve to themselves: the driver may resolve what the contract check resolved.
+    again, _ = resolve_config_topology(resolved)
+    assert again == resolved
+
+
+def test_config_tree_takes_schema_defaults_and_refuses_non_integers():
+    # Schema defaults: 1 node x 2 CPU workers, P = 2, M = 2, micro 4; 16 x 2 / 2 = 16 per rank -> micro 4.
+    resolved, _ = resolve_config_topology({"data": {"expected_train_size": 8}})
+    assert resolved["topology"]["prompts_per_step"] == 2 and resolved["topology"]["micro_batch_rollouts"] == 4
+    with pytest.raises(TopologyError, match=r"topology.prompts_per_step must be an integer >= 1, got '8'"):
+        resolve_config_topology(_tree(prompts_per_step="8"))
+    with pytest.raises(TopologyError, match=r"data.expected_train_size must be an integer >= 1, got 0"):
+        resolve_config_topology({})
+    with pytest.raises(TopologyError, match=r"topology.cpu_workers_per_node must be an integer >= 1, got 0"):
+        resolve_config_topology(_tree(cpu_workers_per_node=0))

@@ -420,10 +420,3 @@ def trainer_config_from_dict(data: dict) -> Stage3Config:
     """Builds and validates a :class:`Stage3Config` from a plain (resolved) dict."""
     cfg = _build(Stage3Config, dict(data), "")
     return cfg.validate()
-
-
-def trainer_config_from_omegaconf(cfg) -> Stage3Config:
-    """Builds and validates from an OmegaConf/Hydra config (interpolations resolved first)."""
-    from omegaconf import OmegaConf
-
-    return trainer_config_from_dict(OmegaConf.to_container(cfg, resolve=True))

@@ -19,8 +19,8 @@ Checks, in order (docs/design.md, "Launch"), each failure naming the variable or
 
 ``STAGE3_CONFIG_CONTRACT_OK`` is printed only when everything passes (exit code 0; 1 otherwise). Nothing
 is written, no Ray is started, no GPU is allocated; ``--write-plan DIR`` (used by ``launch.sh`` after a
-successful check) additionally writes the resolved config snapshot and the driver overrides into a new
-directory.
+successful check) additionally writes the resolved config snapshot and the topology into a new directory, as
+records: the driver resolves the topology itself from the same recipe (``resolve_config_topology``).
 """
 
 from __future__ import annotations
@@ -50,9 +50,13 @@ CONFIG_NAME = "stage3"
 
 @dataclass
 class Plan:
-    """What a successful check hands to launch.sh."""
+    """What a successful check records for launch.sh's config snapshot (the driver resolves the same itself).
 
-    overrides: list[str]
+    Attributes:
+        resolved: The composed recipe with its topology resolved.
+        topology_text: :meth:`~verl_omni.trainer.topology.TopologyPlan.describe` of it.
+    """
+
     resolved: dict
     topology_text: str
 
@@ -114,7 +118,7 @@ def check_config(s: Settings, env: Mapping[str, str], config_dir: Path, report: 
     from omegaconf import OmegaConf
 
     from verl_omni.trainer.config import ConfigError, trainer_config_from_dict
-    from verl_omni.trainer.topology import TopologyError, TopologyRequest, resolve_topology
+    from verl_omni.trainer.topology import TopologyError, resolve_config_topology
 
     locked_path = config_dir / LOCKED_FILE
     if not (config_dir / f"{CONFIG_NAME}.yaml").is_file() or not locked_path.is_file():
@@ -145,24 +149,15 @@ def check_config(s: Settings, env: Mapping[str, str], config_dir: Path, report: 
     if problems:
         return None
     report.ok(f"locked constants: recipe {recipe_name()} unchanged")
-    topo = tree["topology"]
     train_size = s.ints.get("WAM_EXPECTED_TRAIN_SIZE")
     if train_size is None:
         return None
+    topo = tree["topology"]
     gpus = int(topo["gpus_per_node"])
     try:
-        plan = resolve_topology(
-            TopologyRequest(
-                nnodes=int(topo["nnodes"]),
-                gpus_per_node=gpus,
-                cpu_workers_per_node=int(topo["cpu_workers_per_node"]),
-                rollouts_per_prompt=int(tree["rollout"]["strata"]) * int(tree["rollout"]["branches"]),
-                target_prompts_per_step=int(topo["prompts_per_step"]),
-                target_mini_batch_prompts=int(topo["ppo_mini_batch_prompts"]),
-                target_micro_batch_rollouts=int(topo["micro_batch_rollouts"]),
-                train_size=train_size,
-            )
-        )
+        # The same function the driver calls on the same composed recipe (data.expected_train_size comes from
+        # WAM_EXPECTED_TRAIN_SIZE there too), so both see the same batch sizes.
+        resolved, plan = resolve_config_topology(tree)
     except TopologyError as e:
         subject = "WAM_GPUS_PER_NODE" if gpus > 0 else "WAM_CPU_WORKERS"
         report.fail(
@@ -171,13 +166,6 @@ def check_config(s: Settings, env: Mapping[str, str], config_dir: Path, report: 
             f"WAM_EXPECTED_TRAIN_SIZE={train_size})",
         )
         return None
-    overrides = [
-        f"topology.{k}={v}"
-        for k, v in plan.topology_section().items()
-        if k in ("prompts_per_step", "ppo_mini_batch_prompts", "micro_batch_rollouts")
-    ]
-    resolved = copy.deepcopy(tree)
-    resolved["topology"].update(plan.topology_section())
     rollout_chunk = int(tree["rollout"]["micro_batch_size"])
     if gpus > 0 and plan.micro_batch_rollouts != rollout_chunk:
         # bf16 GEMMs round differently for different batch sizes: only equal shapes give ratio == 1 exactly.
@@ -200,7 +188,7 @@ def check_config(s: Settings, env: Mapping[str, str], config_dir: Path, report: 
         report.fail(str(locked_path), f"reward.reward_set is rejected by build_reward_set: {e}")
         return None
     report.ok("config: recipe composes and validates; topology resolved")
-    return Plan(overrides=overrides, resolved=resolved, topology_text=plan.describe())
+    return Plan(resolved=resolved, topology_text=plan.describe())
 
 
 def run_checks(env: Mapping[str, str], config_dir: Path, paths_env: str = "") -> tuple[Report, Plan | None]:
@@ -232,7 +220,10 @@ def run_checks(env: Mapping[str, str], config_dir: Path, paths_env: str = "") ->
 
 
 def write_plan(directory: Path, plan: Plan, report: Report) -> None:
-    """Writes resolved_config.yaml, driver_overrides.txt and topology.txt into a new directory (atomic)."""
+    """Writes resolved_config.yaml, topology.txt and contract_check.txt into a new directory (atomic).
+
+    They are records of what was checked: the driver composes and resolves the same recipe itself.
+    """
     import yaml
 
     if directory.exists():
@@ -241,7 +232,6 @@ def write_plan(directory: Path, plan: Plan, report: Report) -> None:
     tmp = directory.with_name(directory.name + ".tmp")
     tmp.mkdir()
     (tmp / "resolved_config.yaml").write_text(yaml.safe_dump(plan.resolved, sort_keys=False))
-    (tmp / "driver_overrides.txt").write_text("".join(f"{o}\n" for o in plan.overrides))
     (tmp / "topology.txt").write_text(plan.topology_text + "\n")
     (tmp / "contract_check.txt").write_text("".join(f"ok: {m}\n" for m in report.passed))
     os.replace(tmp, directory)
@@ -270,7 +260,7 @@ def main(argv: list[str] | None = None) -> int:
         "--write-plan",
         type=Path,
         default=None,
-        help="after a successful check, write the config snapshot and driver overrides here (new dir)",
+        help="after a successful check, write the resolved config snapshot and topology here (new dir)",
     )
     parser.add_argument(
         "--flatten-to",
@@ -306,7 +296,6 @@ def main(argv: list[str] | None = None) -> int:
         print(f"contract check FAILED: {len(report.failures)} problem(s); nothing was started", file=sys.stderr)
         return 1
     print(plan.topology_text)
-    print(f"driver overrides: {' '.join(plan.overrides)}")
     if args.write_plan is not None:
         write_plan(args.write_plan, plan, report)
     print(OK_TOKEN)

@@ -3,14 +3,17 @@
     python -m verl_omni.trainer.main_stage3 --config-path DIR --config-name NAME [key=value ...]
 
 Composes the recipe's Hydra config (Hydra's compose API: no working-directory change and no Hydra output
-directories, since all outputs belong under ``trainer.output_dir``), validates it into
-:class:`~verl_omni.trainer.config.Stage3Config` and runs :class:`~verl_omni.trainer.ray_trainer.Stage3Trainer`.
-Users launch it through ``recipes/wnm_3d/stage3/launch.sh``, which validates the contract first.
+directories, since all outputs belong under ``trainer.output_dir``), resolves its topology targets into exact
+batch sizes (:func:`~verl_omni.trainer.topology.resolve_config_topology`, the function the contract check
+calls too) and prints them, validates the result into :class:`~verl_omni.trainer.config.Stage3Config` and runs
+:class:`~verl_omni.trainer.ray_trainer.Stage3Trainer`. Users launch it through
+``recipes/wnm_3d/stage3/launch.sh``, which validates the contract first.
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import sys
 from pathlib import Path
 
@@ -35,19 +38,26 @@ def main(argv: list[str] | None = None) -> int:
 
     from omegaconf import OmegaConf
 
-    from verl_omni.trainer.config import ConfigError, trainer_config_from_omegaconf
+    from verl_omni.trainer.config import ConfigError, trainer_config_from_dict
     from verl_omni.trainer.ray_trainer import run
+    from verl_omni.trainer.topology import resolve_config_topology
 
     try:
         raw = compose_config(args.config_path, args.config_name, args.overrides)
-        cfg = trainer_config_from_omegaconf(raw)
-    except (ConfigError, FileNotFoundError) as e:
+        tree = OmegaConf.to_container(raw, resolve=True)
+    except FileNotFoundError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     except Exception as e:  # Hydra/OmegaConf errors (missing env var, bad override) are user errors here
         print(f"error: cannot compose the trainer config: {type(e).__name__}: {e}", file=sys.stderr)
         return 2
-    snapshot = OmegaConf.to_container(raw, resolve=True)
+    try:
+        snapshot, plan = resolve_config_topology(tree)
+        print(plan.describe(), flush=True)  # the batch sizes this run really uses
+        cfg = trainer_config_from_dict(copy.deepcopy(snapshot))
+    except (ConfigError, TypeError, ValueError) as e:  # TopologyError is a ValueError
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     return run(cfg, snapshot)
 
 

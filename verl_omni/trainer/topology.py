@@ -13,12 +13,20 @@ prompt count whose ``n q`` rollouts split evenly over ``G`` ranks), the resolver
 Ties go to the larger candidate. The result satisfies :meth:`verl_omni.trainer.config.TopologyConfig.validate`
 by construction. When no prompt batch can divide (``N`` is not a multiple of ``q``), :class:`TopologyError`
 explains why and which training sizes or worker counts would work.
+
+The recipe's ``topology`` section holds the world size and the three targets; :func:`resolve_config_topology`
+turns a composed config tree into the one the run uses. The contract check and the driver
+(``main_stage3.py``) both call it on the same composed recipe, so both see the same batch sizes. A section
+that already satisfies ``TopologyConfig.validate`` and whose prompt batch divides ``N`` resolves to itself.
 """
 
 from __future__ import annotations
 
+import copy
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 
 class TopologyError(ValueError):
@@ -194,3 +202,48 @@ def resolve_topology(request: TopologyRequest) -> TopologyPlan:
     return TopologyPlan(
         request=request, prompt_quantum=q, prompts_per_step=p, ppo_mini_batch_prompts=mini, micro_batch_rollouts=micro
     )
+
+
+def resolve_config_topology(tree: Mapping[str, Any]) -> tuple[dict[str, Any], TopologyPlan]:
+    """Resolves the ``topology`` targets of a composed, interpolation-resolved config tree.
+
+    Reads ``topology`` (world size and targets), ``rollout.strata x rollout.branches`` (rollouts per prompt)
+    and ``data.expected_train_size`` (``N``); a key the tree leaves out takes the schema's default
+    (:class:`~verl_omni.trainer.config.Stage3Config`), as it would when the tree is validated.
+
+    Args:
+        tree: The composed config as plain containers (e.g. ``OmegaConf.to_container(cfg, resolve=True)``).
+
+    Returns:
+        A deep copy of ``tree`` whose ``topology`` section holds the resolved counts, and the plan.
+
+    Raises:
+        TopologyError: a needed value is missing or not an integer, or no batch sizes divide (see
+            :func:`resolve_topology`).
+    """
+    from verl_omni.trainer.config import Stage3Config
+
+    defaults = Stage3Config().to_dict()
+
+    def value(section: str, key: str, minimum: int = 1) -> int:
+        # Named by the config key (not the request field) because that is what the user sets.
+        raw = (tree.get(section) or {}).get(key, defaults[section][key])
+        if isinstance(raw, bool) or not isinstance(raw, (int, float)) or raw != int(raw) or raw < minimum:
+            raise TopologyError(f"{section}.{key} must be an integer >= {minimum}, got {raw!r}")
+        return int(raw)
+
+    gpus = value("topology", "gpus_per_node", minimum=0)
+    request = TopologyRequest(
+        nnodes=value("topology", "nnodes"),
+        gpus_per_node=gpus,
+        cpu_workers_per_node=value("topology", "cpu_workers_per_node", minimum=1 if gpus == 0 else 0),
+        rollouts_per_prompt=value("rollout", "strata") * value("rollout", "branches"),
+        target_prompts_per_step=value("topology", "prompts_per_step"),
+        target_mini_batch_prompts=value("topology", "ppo_mini_batch_prompts"),
+        target_micro_batch_rollouts=value("topology", "micro_batch_rollouts"),
+        train_size=value("data", "expected_train_size"),
+    )
+    plan = resolve_topology(request)
+    resolved = copy.deepcopy(dict(tree))
+    resolved["topology"] = {**(resolved.get("topology") or {}), **plan.topology_section()}
+    return resolved, plan
