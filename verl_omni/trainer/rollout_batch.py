@@ -1,10 +1,12 @@
-"""Pure helpers of the driver: splitting a step's rollout plan over ranks, merging what comes back, and
-cutting the replay buffer into mini-batches of whole prompt groups. No Ray, no model.
+"""Pure helpers of the driver: splitting a step's rollout plan over ranks and cutting the step's rollouts into
+the update's mini-batches of whole prompt groups and each rank's micro-batches. No Ray, no model. (Merging the
+ranks' ``RolloutResults`` is :meth:`RolloutResults.concat`.)
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections import defaultdict
 from collections.abc import Sequence
 
 import torch
@@ -75,29 +77,6 @@ def cat_dataclass_tensors(items: Sequence, dim: int = 0):
     return type(first)(**values)
 
 
-def merge_results_with_offsets(parts: Sequence, row_offsets: Sequence[int]):
-    """Concatenates per-rank ``RolloutResults`` in rank order; ``context_rows`` become global rollout-context
-    indices into the concatenation of the ranks' contexts (``row_offsets[r]``: rows of the ranks before ``r``)."""
-    first = parts[0]
-    versions = {p.weight_version for p in parts}
-    if len(versions) != 1:
-        raise RuntimeError(f"ranks returned rollouts from different weight versions {sorted(versions)}")
-    out = {}
-    for f in dataclasses.fields(first):
-        vals = [getattr(p, f.name) for p in parts]
-        if f.name in ("sigmas", "timesteps"):
-            out[f.name] = vals[0]
-        elif f.name == "context_rows":
-            out[f.name] = torch.cat([v + off for v, off in zip(vals, row_offsets, strict=True)])
-        elif f.name in ("request_ids", "requests"):
-            out[f.name] = [x for v in vals for x in v]
-        elif f.name in ("weight_version", "layer_names"):
-            out[f.name] = vals[0]
-        else:
-            out[f.name] = torch.cat(vals, dim=0)
-    return type(first)(**out)
-
-
 def minibatch_prompt_groups(
     prompt_keys: Sequence[str], prompts_per_minibatch: int, run_seed: int, step: int, epoch: int
 ) -> list[list[str]]:
@@ -112,3 +91,102 @@ def minibatch_prompt_groups(
     perm = torch.randperm(len(keys), generator=generator_for("minibatch", run_seed, step, epoch)).tolist()
     shuffled = [keys[i] for i in perm]
     return [shuffled[i : i + prompts_per_minibatch] for i in range(0, len(shuffled), prompts_per_minibatch)]
+
+
+def micro_batches(
+    results, contexts, adv: torch.Tensor, old_logp: torch.Tensor, idx: list[int], micro_batch_rollouts: int, mask=None
+) -> list[dict]:
+    """Rollouts ``idx`` (one rank's share of a mini-batch) cut into micro-batches with their context rows.
+
+    Each micro-batch is the dict ``UpdateMicroBatch.from_dict`` reads; ``weight`` is its share of ``idx``, so
+    that ``loss * weight`` summed over the micro-batches is the share's mean loss.
+    """
+    out = []
+    for start in range(0, len(idx), micro_batch_rollouts):
+        sel = torch.tensor(idx[start : start + micro_batch_rollouts], dtype=torch.long)
+        uniq, inverse = torch.unique(results.context_rows[sel], return_inverse=True)
+        out.append(
+            {
+                "window_states": results.window_states[sel],
+                "window_steps": results.window_steps[sel],
+                "noise_coefs": results.noise_coefs[sel],
+                "sigmas": results.sigmas,
+                "old_logprobs": old_logp[sel],
+                "advantages": adv[sel].float(),
+                "loss_mask": None if mask is None else mask[sel],
+                "context": contexts.select(uniq),
+                "context_rows": inverse,
+                "request_ids": [results.request_ids[i] for i in sel.tolist()],
+                "weight": len(sel) / len(idx),
+            }
+        )
+    return out
+
+
+def plan_updates(
+    results,
+    contexts,
+    adv_result,
+    old_logp: torch.Tensor,
+    *,
+    world_size: int,
+    mini_batch_prompts: int,
+    micro_batch_rollouts: int,
+    run_seed: int,
+    step: int,
+    epochs: int,
+    skip_zero_signal: bool = True,
+) -> tuple[list[list[list[dict]]], int]:
+    """Per-rank payloads: for each PPO epoch and mini-batch of whole prompt groups, equal rank shares.
+
+    Args:
+        results: The step's merged ``RolloutResults``.
+        contexts: Their prompt contexts (``results.context_rows`` index them).
+        adv_result: ``AdvantageResult`` of the step.
+        old_logp: ``[N, W, 9]`` old log-probs.
+        world_size: Actor ranks.
+        mini_batch_prompts: Prompts per mini-batch.
+        micro_batch_rollouts: Rollouts per micro-batch on one rank.
+        run_seed, step: Key the per-epoch shuffle of the prompt groups.
+        epochs: PPO epochs (recomputing old log-probs plans one epoch without skipping, so that every
+            transition is evaluated exactly once).
+        skip_zero_signal: Leave out mini-batches whose every prompt group has all advantages 0 (a no-op update).
+
+    Returns:
+        ``(per_rank, skipped)``: ``per_rank[r]`` lists rank ``r``'s mini-batches, each a list of micro-batch
+        dicts (:func:`micro_batches`); ``skipped`` counts the mini-batches left out.
+    """
+    keys = results.sample_ids
+    rows_of: dict[str, list[int]] = defaultdict(list)
+    for i, k in enumerate(keys):
+        rows_of[k].append(i)
+    zero = {k for k, z in zip(adv_result.prompt_keys, adv_result.zero_signal_prompts.tolist(), strict=True) if z}
+    per_rank: list[list] = [[] for _ in range(world_size)]
+    skipped = 0
+    for epoch in range(epochs):
+        for group in minibatch_prompt_groups(keys, mini_batch_prompts, run_seed, step, epoch):
+            if skip_zero_signal and all(k in zero for k in group):
+                # Constant rewards on every layer of every prompt group here: all advantages are 0, so the update
+                # would be a no-op. Skipped on all ranks alike.
+                skipped += 1
+                continue
+            idx = [i for k in group for i in rows_of[k]]
+            for rank, sl in enumerate(split_even(len(idx), world_size)):
+                per_rank[rank].append(
+                    micro_batches(
+                        results,
+                        contexts,
+                        adv_result.advantages,
+                        old_logp,
+                        idx[sl],
+                        micro_batch_rollouts,
+                        adv_result.loss_mask,
+                    )
+                )
+    return per_rank, skipped
+
+
+def rows_of_requests(results, request_ids: Sequence[str]) -> list[int]:
+    """Row of each request id in ``results`` (where a micro-batch's rollouts sit in the step's tensors)."""
+    pos = {rid: i for i, rid in enumerate(results.request_ids)}
+    return [pos[r] for r in request_ids]

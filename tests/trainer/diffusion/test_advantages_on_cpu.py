@@ -6,7 +6,12 @@ import pytest
 import torch
 
 from verl_omni.pipelines.wnm_shared.layers import LAYER_NAMES, LayerLayoutError
-from verl_omni.trainer.diffusion import AdvantageConfig, compute_layer_advantages
+from verl_omni.trainer.diffusion import (
+    AdvantageConfig,
+    compute_layer_advantages,
+    estimate_advantages,
+    summed_layer_rewards,
+)
 
 STRATA = [s for s in range(4) for _ in range(4)]
 
@@ -90,3 +95,35 @@ def test_bad_tables_are_refused():
         AdvantageConfig(baseline="batch")
     with pytest.raises(ValueError, match="AdvantageConfig.eps"):
         AdvantageConfig(eps=0)
+
+
+def test_summed_layer_rewards_by_hand():
+    # Row [1, 2, 0, ...]: visual weight 3, the other eight weigh 1 -> (3 x 1 + 1 x 2) / (3 + 8) = 5 / 11.
+    rewards = torch.zeros(2, 9, dtype=torch.float64)
+    rewards[0, 0], rewards[0, 1] = 1.0, 2.0
+    rewards[1, 8] = 11.0  # stop_4 only: 11 / 11 = 1
+    total = summed_layer_rewards(rewards, {"visual": 3.0})
+    torch.testing.assert_close(total, torch.tensor([[5 / 11] * 9, [1.0] * 9], dtype=torch.float64))
+    with pytest.raises(ValueError, match="not all 0"):
+        summed_layer_rewards(rewards, dict.fromkeys(LAYER_NAMES, 0.0))
+
+
+def test_estimate_advantages_summed_ablation_by_hand():
+    # visual = i, nav_1 = 1 for rollout i = 0..15, all weights 1: T[i] = (i + 1) / 9. Prompt std of T is
+    # std(0..15) / 9 = sqrt((16^2 - 1) / 12) / 9; a stratum holds 4 consecutive i, so T - baseline is
+    # (-1.5, -0.5, 0.5, 1.5) / 9 and A = (-1.5, -0.5, 0.5, 1.5) / sqrt(255 / 12) on every layer.
+    rewards = table({"visual": [float(i) for i in range(16)], "nav_1": [1.0] * 16})
+    valid = torch.ones(16, 9, dtype=torch.bool)
+    valid[0, 8] = False  # stop_4 of rollout 0 is dead: A = 0 there and out of the loss, statistics unchanged
+    cfg = AdvantageConfig(eps=1e-12, layer_conditioned=False)
+    res = estimate_advantages(rewards, ["p"] * 16, STRATA, cfg, valid=valid)
+    offsets = [-1.5, -0.5, 0.5, 1.5] * 4
+    expected = torch.tensor([[o / math.sqrt(255 / 12)] * 9 for o in offsets], dtype=torch.float32)
+    expected[0, 8] = 0.0
+    torch.testing.assert_close(res.advantages, expected)
+    assert torch.equal(res.loss_mask, valid)
+    torch.testing.assert_close(res.std[0], torch.full((9,), math.sqrt(255 / 12) / 9, dtype=torch.float64))
+    # Layer-conditioned, the same table gives visual its own advantages and nav_1 (constant) zero.
+    res = estimate_advantages(rewards, ["p"] * 16, STRATA, AdvantageConfig(eps=1e-12), valid=valid)
+    torch.testing.assert_close(res.advantages[:4, 0], torch.tensor(offsets[:4]) / math.sqrt(255 / 12))
+    assert torch.all(res.advantages[:, 1] == 0)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import abc
+import dataclasses
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -82,6 +83,46 @@ class RolloutResults:
     @property
     def sample_ids(self) -> list[str]:
         return [r.sample_id for r in self.requests]
+
+    # Fields shared by every rollout of one call (the schedule, the weights), as opposed to per-rollout rows.
+    _SHARED = ("sigmas", "timesteps", "weight_version", "layer_names")
+
+    def head(self, n: int) -> RolloutResults:
+        """The first ``n`` rollouts (shared fields unchanged)."""
+        return RolloutResults(
+            **{
+                f.name: getattr(self, f.name) if f.name in self._SHARED else getattr(self, f.name)[:n]
+                for f in dataclasses.fields(self)
+            }
+        )
+
+    @classmethod
+    def concat(cls, parts: Sequence[RolloutResults], row_offsets: Sequence[int]) -> RolloutResults:
+        """Concatenates per-rank results in rank order.
+
+        Args:
+            parts: One result per rank, all from the same weight version.
+            row_offsets: ``row_offsets[r]``: context rows of the ranks before ``r``; each part's ``context_rows``
+                are shifted by it, so they index the concatenation of the ranks' contexts.
+
+        Raises:
+            RuntimeError: the parts come from different weight versions.
+        """
+        versions = {p.weight_version for p in parts}
+        if len(versions) != 1:
+            raise RuntimeError(f"ranks returned rollouts from different weight versions {sorted(versions)}")
+        out = {}
+        for f in dataclasses.fields(cls):
+            vals = [getattr(p, f.name) for p in parts]
+            if f.name in cls._SHARED:
+                out[f.name] = vals[0]
+            elif f.name == "context_rows":
+                out[f.name] = torch.cat([v + off for v, off in zip(vals, row_offsets, strict=True)])
+            elif f.name in ("request_ids", "requests"):
+                out[f.name] = [x for v in vals for x in v]
+            else:
+                out[f.name] = torch.cat(vals, dim=0)
+        return cls(**out)
 
 
 def results_from_outputs(

@@ -27,6 +27,10 @@ LAYER_NAMES: tuple[str, ...] = (
     *(f"stop_{k}" for k in range(1, NUM_CHUNKS + 1)),
 )
 NUM_LAYERS = len(LAYER_NAMES)
+# Column groups of a ``[N, 9]`` layer table (rewards, advantages), by name rather than by position.
+VISUAL_LAYER = LAYER_NAMES.index("visual")
+NAV_LAYERS: tuple[int, ...] = tuple(i for i, name in enumerate(LAYER_NAMES) if name.startswith("nav_"))
+STOP_LAYERS: tuple[int, ...] = tuple(i for i, name in enumerate(LAYER_NAMES) if name.startswith("stop_"))
 # Channel positions inside one action step; the contract fixes dx, dy, dyaw, stop.
 NAV_CHANNELS: tuple[int, ...] = (0, 1, 2)
 STOP_CHANNEL = 3

@@ -22,6 +22,11 @@ relative gaps. That is why the value a rollout forfeits by ending early is put o
 decision that ended it (``stop_k`` of the STOP's chunk, ``nav_k`` of the collision's chunk; see
 ``verl_omni.utils.reward_score.navigation``), not on the dead chunks, where it would be masked, nor spread over
 the nav layers, where it would blame motion the STOP made irrelevant.
+
+**Summed-reward ablation** (``AdvantageConfig.layer_conditioned = False``). Every layer gets the advantage of
+the weighted mean reward ``T[i] = sum_g w_g R[i, g] / sum_g w_g``, computed by the same rule. Every rollout has
+a ``T``, so all rollouts enter the statistics; the dead chunks still leave the loss. :func:`estimate_advantages`
+is the one entry point for both.
 """
 
 from __future__ import annotations
@@ -220,3 +225,48 @@ def compute_layer_advantages(
         clipped_fraction=float(clipped.sum()) / max(int(live.sum()), 1),
         loss_mask=live if valid is not None else None,
     )
+
+
+def summed_layer_rewards(
+    rewards: torch.Tensor | Mapping[str, torch.Tensor], layer_weights: Mapping[str, float] | None = None
+) -> torch.Tensor:
+    """The ablation's reward table: every column is ``sum_g w_g R[:, g] / sum_g w_g``.
+
+    Args:
+        rewards: ``[N, 9]`` or mapping layer name -> ``[N]``.
+        layer_weights: Weight per layer name (the loss weights); None weighs every layer 1.
+
+    Returns:
+        ``[N, 9]`` float64, all columns equal.
+    """
+    r = rewards_matrix(rewards)
+    weights = layer_weights or {}
+    w = torch.tensor([float(weights.get(n, 1.0)) for n in LAYER_NAMES], dtype=torch.float64)
+    if not (torch.isfinite(w).all() and (w >= 0).all() and w.sum() > 0):
+        raise ValueError(f"layer_weights must be finite, >= 0 and not all 0, got {dict(zip(LAYER_NAMES, w.tolist()))}")
+    total = (r * w).sum(dim=1, keepdim=True) / w.sum()
+    return total.expand(-1, NUM_LAYERS).contiguous()
+
+
+def estimate_advantages(
+    rewards: torch.Tensor | Mapping[str, torch.Tensor],
+    prompt_keys: Sequence[Hashable],
+    strata: Sequence[int] | torch.Tensor,
+    config: AdvantageConfig,
+    valid=None,
+    layer_weights: Mapping[str, float] | None = None,
+) -> AdvantageResult:
+    """Advantages of a step's rollouts: layer-conditioned, or the summed-reward ablation (module docstring).
+
+    Args:
+        rewards: ``[N, 9]`` or mapping layer name -> ``[N]``.
+        prompt_keys: ``N`` prompt keys.
+        strata: ``N`` stratum indices.
+        config: Advantage options; ``config.layer_conditioned`` picks the estimator.
+        valid: Optional ``[N, 9]`` live-layer mask (the reward set's ``layer_valid``).
+        layer_weights: Weight per layer for the ablation's weighted mean (ignored when layer-conditioned).
+    """
+    if config.layer_conditioned:
+        return compute_layer_advantages(rewards, prompt_keys, strata, config, valid=valid)
+    summed = summed_layer_rewards(rewards, layer_weights)
+    return with_loss_mask(compute_layer_advantages(summed, prompt_keys, strata, config), valid)

@@ -23,6 +23,8 @@ class AdvantageConfig:
         eps: Added to the std.
         a_max: Advantages are clipped to ``[-a_max, a_max]``.
         num_strata, num_branches: Expected plan shape; every prompt group must match it.
+        layer_conditioned: True gives every layer its own advantage; False is the summed-reward ablation (one
+            advantage from the weighted mean of the layer rewards, shared by every layer).
     """
 
     baseline: str = "stratum"
@@ -31,8 +33,11 @@ class AdvantageConfig:
     a_max: float = 5.0
     num_strata: int = 4
     num_branches: int = 4
+    layer_conditioned: bool = True
 
     def __post_init__(self) -> None:
+        if not isinstance(self.layer_conditioned, bool):
+            raise ValueError(f"AdvantageConfig.layer_conditioned must be a bool, got {self.layer_conditioned!r}")
         if self.baseline not in BASELINES:
             raise ValueError(f"AdvantageConfig.baseline must be one of {BASELINES}, got {self.baseline!r}")
         if self.std not in STD_SCOPES:
