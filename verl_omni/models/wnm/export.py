@@ -54,7 +54,7 @@ from .checkpoint import (
     verify_files,
 )
 
-DCP_METADATA = ".metadata"
+DCP_METADATA = run_layout.DCP_METADATA
 MODEL_CONTRACT = "model_contract.json"
 MODEL_PREFIX = "model."
 TRANSFORMER_DIR = "transformer"
@@ -192,7 +192,8 @@ class ExportResult:
 
 # ----- reading the actor checkpoint ---------------------------------------------------------------------
 def resolve_actor_checkpoint(path: str | Path) -> ActorCheckpoint:
-    """Locates the actor directory and reads its contract and the driver's trainer state.
+    """Locates the actor directory (:func:`verl_omni.utils.run_layout.locate_checkpoint`: complete, files
+    matching their manifest) and reads its contract and the driver's trainer state.
 
     Args:
         path: ``<run>/global_step_N``, ``<run>/global_step_N/actor``, or a hot-save destination (or its
@@ -202,44 +203,11 @@ def resolve_actor_checkpoint(path: str | Path) -> ActorCheckpoint:
         ExportError: not an actor checkpoint, incomplete (no trainer state / a ``.partial`` directory), or a
             malformed ``model_contract.json``.
     """
-    path = Path(path).expanduser().resolve()
-    if not path.is_dir():
-        raise ExportError(f"--actor-checkpoint {path}: directory does not exist")
-    if (path / "actor" / DCP_METADATA).is_file():
-        actor_dir, ckpt_dir = path / "actor", path
-    elif (path / DCP_METADATA).is_file():
-        actor_dir, ckpt_dir = path, path.parent
-    else:
-        raise ExportError(
-            f"--actor-checkpoint {path}: no {DCP_METADATA} in it or in {path / 'actor'}; pass a run's "
-            f"global_step_N directory (or its actor/) or a hot-save snapshot"
-        )
-    if ckpt_dir.name.endswith(".partial"):
-        raise ExportError(
-            f"--actor-checkpoint {ckpt_dir}: a .partial checkpoint is incomplete (the run stopped while writing "
-            f"it); use a complete global_step_N"
-        )
-    state_path = ckpt_dir / run_layout.TRAINER_STATE
-    if not state_path.is_file():
-        raise ExportError(
-            f"--actor-checkpoint {ckpt_dir}: {run_layout.TRAINER_STATE} is missing, so the checkpoint is incomplete "
-            f"(the driver writes it after every worker finished); use a complete checkpoint"
-        )
-    if (ckpt_dir / run_layout.FILES_MANIFEST).is_file():
-        # The trainer (and the hot save) record every file's size and sha256: check them before reading any.
-        problems = run_layout.verify_checkpoint(ckpt_dir)
-        if problems:
-            shown = "\n  ".join(problems[:10]) + (f"\n  (+{len(problems) - 10} more)" if len(problems) > 10 else "")
-            raise ExportError(
-                f"--actor-checkpoint {ckpt_dir}: its files do not match {run_layout.FILES_MANIFEST}:\n  {shown}\n"
-                f"copy the checkpoint again from the run, or export another global_step_N"
-            )
-    state = _read_json(state_path)
-    if not isinstance(state, dict):
-        raise ExportError(f"{state_path}: must hold a JSON object")
-    step = state.get("step")
-    if not isinstance(step, int) or isinstance(step, bool) or step < 0:
-        raise ExportError(f"{state_path}: field 'step' must be a non-negative integer, got {step!r}")
+    try:
+        located = run_layout.locate_checkpoint(path)
+    except run_layout.CheckpointLayoutError as e:
+        raise ExportError(f"--actor-checkpoint {e}") from e
+    actor_dir, ckpt_dir, state = located.actor_dir, located.checkpoint_dir, located.state
     config = state.get("config") if isinstance(state.get("config"), dict) else {}
     trainer = config.get("trainer") if isinstance(config.get("trainer"), dict) else {}
     run_dir = trainer.get("output_dir") or str(ckpt_dir.parent)
@@ -255,7 +223,7 @@ def resolve_actor_checkpoint(path: str | Path) -> ActorCheckpoint:
     return ActorCheckpoint(
         actor_dir=actor_dir,
         checkpoint_dir=ckpt_dir,
-        step=step,
+        step=located.step,
         run_output_dir=str(run_dir),
         hot_save=bool(state.get("hot_save", False)),
         contract=contract,
@@ -289,31 +257,10 @@ def read_dcp_model_specs(actor_dir: Path) -> dict[str, TensorSpec]:
         specs[name] = TensorSpec(tuple(int(d) for d in md.size), md.properties.dtype)
     if not specs:
         raise ExportError(f"{actor_dir / DCP_METADATA}: holds no 'model.*' tensors; not a Stage-III actor checkpoint")
-    _check_dcp_data_files(actor_dir, metadata.storage_data or {})
+    problem = run_layout.dcp_data_file_problem(actor_dir, metadata.storage_data or {}, MODEL_PREFIX)
+    if problem:
+        raise ExportError(problem)
     return specs
-
-
-def _check_dcp_data_files(actor_dir: Path, storage_data: dict) -> None:
-    """Every data file a ``model.*`` chunk lives in must exist and be long enough (a truncated copy too)."""
-    needed: dict[str, tuple[int, str]] = {}
-    for index, info in storage_data.items():
-        if not index.fqn.startswith(MODEL_PREFIX):
-            continue
-        end = int(info.offset) + int(info.length)
-        if end > needed.get(info.relative_path, (-1, ""))[0]:
-            needed[info.relative_path] = (end, index.fqn)
-    for rel, (end, fqn) in sorted(needed.items()):
-        p = actor_dir / rel
-        if not p.is_file():
-            raise ExportError(
-                f"{p}: DCP shard file is missing (it holds {fqn!r} among others); the actor checkpoint is "
-                f"incomplete, copy every file of {actor_dir} and retry"
-            )
-        size = p.stat().st_size
-        if size < end:
-            raise ExportError(
-                f"{p}: DCP shard file is truncated ({size} bytes, {fqn!r} needs {end}); copy it again from the run"
-            )
 
 
 def load_actor_tensors(actor_dir: Path, specs: dict[str, TensorSpec]) -> dict[str, torch.Tensor]:
