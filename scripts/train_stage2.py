@@ -21,6 +21,7 @@ Example (one H200, a few minutes):
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import subprocess
@@ -49,6 +50,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-size", type=int, default=64, help="SFT rows per step (default 64)")
     p.add_argument("--lr", type=float, default=5e-4, help="AdamW learning rate (default 5e-4)")
     p.add_argument("--action-weight", type=float, default=4.0, help="weight of the action loss (default 4)")
+    p.add_argument(
+        "--train-encoders",
+        default="text_encoder,image_encoder,geometry_encoder",
+        help="built-in encoders trained with the DiT, comma-separated, or 'none' (default: all three)",
+    )
     p.add_argument("--eval-scenes", type=int, default=40, help="held-out scenes (default 40)")
     p.add_argument("--eval-episodes", type=int, default=400, help="held-out episodes (default 400)")
     p.add_argument("--eval-seed", type=int, default=1000, help="seed of held-out scenes and episodes (default 1000)")
@@ -56,6 +62,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, help="seed of data, SFT and DAgger draws (default 0)")
     p.add_argument("--device", default="cpu", help="torch device (default cpu)")
     p.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="CPU processes (default: all cores)")
+    p.add_argument(
+        "--drive-workers",
+        type=int,
+        default=None,
+        help="processes driving closed-loop episodes (evaluation, DAgger), each with its own policy copy "
+        "(default: --workers)",
+    )
     p.add_argument("--skip-baselines", action="store_true", help="do not evaluate the scripted baselines here")
     p.add_argument("--no-progress", action="store_true", help="disable progress bars")
     return p
@@ -77,23 +90,6 @@ def _synthesize(args, out: Path) -> None:
     ]  # fmt: skip
     _log(" ".join(cmd[1:]))
     subprocess.run(cmd, check=True)
-
-
-def _concat(parts):
-    import torch
-
-    from verl_omni.models.wnm.sft import EncodedRows
-
-    offsets, total = [], 0
-    for p in parts:
-        offsets.append(total)
-        total += p.history_latents.shape[0]
-    cat = {}
-    for name in ("history_latents", "target_latents", "actions", "text", "text_mask", "image"):
-        cat[name] = torch.cat([getattr(p, name) for p in parts])
-    cat["row_example"] = torch.cat([p.row_example + o for p, o in zip(parts, offsets, strict=True)])
-    cat["geometry"] = None if parts[0].geometry is None else torch.cat([p.geometry for p in parts])
-    return EncodedRows(**cat)
 
 
 def _readme(name: str, args, rnd: int, provenance: dict, evaluation: dict | None) -> str:
@@ -134,14 +130,15 @@ def _readme(name: str, args, rnd: int, provenance: dict, evaluation: dict | None
     return "\n".join(lines)
 
 
-def _evaluate(policy, label: str, plans, specs, out: Path, progress: bool) -> dict:
-    from verl_omni.sim.closed_loop import ClosedLoopConfig, run_closed_loop
+def _evaluate(policy_factory, label: str, plans, specs, out: Path, workers: int, progress: bool) -> dict:
+    from verl_omni.sim.closed_loop import ClosedLoopConfig
     from verl_omni.sim.eval_metrics import aggregate
+    from verl_omni.sim.loop_pool import run_closed_loop_pool
 
     if out.is_file():
         return json.loads(out.read_text())["aggregate"]
     t0 = time.perf_counter()
-    results = run_closed_loop(policy, plans, specs, ClosedLoopConfig(), progress=progress, desc=label)
+    results, _ = run_closed_loop_pool(policy_factory, plans, specs, ClosedLoopConfig(), workers, progress, label)
     agg = aggregate([r.metrics() for r in results])
     report = {"label": label, "seconds": time.perf_counter() - t0, "aggregate": agg,
               "episodes": [r.metrics() for r in results]}  # fmt: skip
@@ -163,6 +160,10 @@ def _check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> No
                  "batch_size", "eval_scenes", "eval_episodes", "probe_states", "workers"):  # fmt: skip
         if getattr(args, flag) < 1:
             parser.error(f"--{flag.replace('_', '-')} must be >= 1, got {getattr(args, flag)}")
+    if args.drive_workers is None:
+        args.drive_workers = args.workers
+    if args.drive_workers < 1:
+        parser.error(f"--drive-workers must be >= 1, got {args.drive_workers}")
     if args.probe_states < 2:
         parser.error("--probe-states must be >= 2 (the ablations swap inputs between states)")
     for flag in ("beta0", "beta_decay"):
@@ -170,6 +171,13 @@ def _check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> No
             parser.error(f"--{flag.replace('_', '-')} must be in [0, 1], got {getattr(args, flag)}")
     if not (args.lr > 0 and args.action_weight >= 0):
         parser.error(f"--lr must be > 0 and --action-weight >= 0, got {args.lr}, {args.action_weight}")
+    from verl_omni.models.wnm.sft import TRAINABLE_ENCODERS
+
+    names = [] if args.train_encoders == "none" else args.train_encoders.split(",")
+    unknown = [n for n in names if n not in TRAINABLE_ENCODERS]
+    if unknown or not names and args.train_encoders != "none":
+        parser.error(f"--train-encoders: unknown {unknown}; use 'none' or a comma-separated subset of "
+                     f"{','.join(TRAINABLE_ENCODERS)}")  # fmt: skip
     if args.workdir.exists() and not args.workdir.is_dir():
         parser.error(f"--workdir {args.workdir}: exists and is not a directory")
 
@@ -178,10 +186,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     _check_args(parser, args)
-    import numpy as np
     import torch
 
-    from verl_omni.data.actions import ActionNormalization
+    from verl_omni.data.gn0 import list_episode_ids
     from verl_omni.models.wnm import WNMConfig, WNMModel, load_wnm_checkpoint, save_wnm_checkpoint, sft
     from verl_omni.sim.collector import CollectorConfig, SynthesisConfig
     from verl_omni.sim.dagger import collect_dagger_round, dagger_collection_meta, write_collection_meta
@@ -215,12 +222,13 @@ def main(argv: list[str] | None = None) -> int:
     evals: dict[str, dict] = {}
     t0 = time.perf_counter()
     for name in () if args.skip_baselines else BASELINES:
-        evals[name] = _evaluate(make_scripted_policy(name, plans), name, plans, specs, work / "eval" / f"{name}.json",
-                                progress)  # fmt: skip
+        evals[name] = _evaluate(functools.partial(make_scripted_policy, name, plans), name, plans, specs,
+                                work / "eval" / f"{name}.json", args.drive_workers, progress)  # fmt: skip
     timings["baselines_eval_s"] = time.perf_counter() - t0
 
     torch.manual_seed(args.seed)
-    encoded, heldout_rows, probe_examples, norm = [], None, None, None
+    accumulated, heldout_rows, probe_examples, mean_actions = None, None, None, None
+    train_encoders = () if args.train_encoders == "none" else tuple(args.train_encoders.split(","))
     prev_ckpt: Path | None = None
     steps_total = 0
     probes = {}
@@ -231,7 +239,7 @@ def main(argv: list[str] | None = None) -> int:
             _synthesize(args, data)
         elif not (data / "collection.json").is_file():
             beta = args.beta0 * args.beta_decay ** (rnd - 1)
-            learner = WNMPolicy.from_checkpoint(prev_ckpt, device=args.device)
+            learner = functools.partial(WNMPolicy.from_checkpoint, prev_ckpt, device=args.device)
             h, w = config.image_size
             cfg = SynthesisConfig(
                 num_scenes=args.dagger_scenes,
@@ -251,57 +259,63 @@ def main(argv: list[str] | None = None) -> int:
             (tmp / "episodes").mkdir()
             offset = args.scenes + (rnd - 1) * args.dagger_scenes  # fresh training scenes every round
             summary = collect_dagger_round(learner, cfg, args.seed, beta, tmp / "episodes", tmp_occ,
-                                           workers=args.workers, scene_offset=offset, progress=progress)  # fmt: skip
+                                           workers=args.workers, scene_offset=offset, progress=progress,
+                                           drive_workers=args.drive_workers)  # fmt: skip
             meta = dagger_collection_meta(cfg, args.seed, beta, {"name": prev_ckpt.name})
             meta["level"], meta["dagger_summary"] = level.name, summary
             write_collection_meta(tmp / "collection.json", meta)
             tmp_occ.replace(data.with_name(data.name + "_occ"))
             tmp.replace(data)
             _log(f"DAgger round {rnd} (beta {beta:.3f}): {summary}")
-            del learner
         timings[f"r{rnd}_collect_s"] = time.perf_counter() - t0
 
         t0 = time.perf_counter()
-        examples = sft.load_expert_examples(data, config.history_frames, config.image_size, progress, args.workers)
-        if rnd == 0:
-            train_ex, held_ex = sft.split_by_episode(examples, 0.05, args.seed)
-            norm = sft.fit_action_normalization(train_ex)
-            probe_examples = sft.subsample(held_ex, args.probe_states)
-            mean_actions = np.mean(np.stack([e.actions for e in train_ex]), axis=0)
-        else:
-            train_ex = examples
-        timings[f"r{rnd}_load_s"] = time.perf_counter() - t0
-        _log(f"round {rnd}: {len(train_ex)} new training states")
-
-        t0 = time.perf_counter()
         ckpt = work / "ckpt" / f"stage2_r{rnd}"
-        _log(f"round {rnd}: encoding")
+        ids = list_episode_ids(data)
         if rnd == 0:
-            model = WNMModel(config, norm or ActionNormalization.identity()).to(args.device)
-            rows = sft.encode_examples(
-                model, train_ex, batch=64, progress=progress, calibrate=config.vae_kind == "tiny"
-            )
-            heldout_rows = sft.encode_examples(model, held_ex, batch=64, progress=progress)
+            train_ids, held_ids = sft.split_episode_ids(ids, 0.05, args.seed)
+        else:
+            train_ids = ids
+        _log(f"round {rnd}: decoding and encoding {len(train_ids)} episodes")
+        if ckpt.is_dir():  # resumed: encode with the round's saved weights (its encoders, statistics, normalization)
+            model = load_wnm_checkpoint(ckpt, device=args.device)
+        elif rnd == 0:
+            model = WNMModel(config).to(args.device)
         else:
             model = load_wnm_checkpoint(prev_ckpt, device=args.device)
-            rows = sft.encode_examples(model, train_ex, batch=64, progress=progress)
-        encoded.append(rows.to("cpu"))
-        del examples, train_ex
-        train_all = _concat(encoded).to(args.device)
+        fresh = rnd == 0 and not ckpt.is_dir()
+        stream = sft.iter_expert_examples(data, config.history_frames, config.image_size, progress, args.workers,
+                                          episode_ids=train_ids)  # fmt: skip
+        rows = sft.encode_examples(model, stream, batch=64, progress=progress,
+                                   calibrate=fresh and config.vae_kind == "tiny", fit_normalization=fresh)  # fmt: skip
+        if rnd == 0:
+            held_ex = sft.load_expert_examples(data, config.history_frames, config.image_size, False, args.workers,
+                                               episode_ids=held_ids)  # fmt: skip
+            heldout_rows = sft.encode_examples(model, held_ex, batch=64, progress=progress)
+            probe_examples = sft.subsample(held_ex, args.probe_states)
+            mean_actions = model.action_normalization.denormalize(rows.actions.double()).mean(0).cpu().numpy()
+            del held_ex
+        train_all = rows if accumulated is None else sft.EncodedRows.concat([accumulated.to(args.device), rows])
+        del rows
+        timings[f"r{rnd}_load_s"] = time.perf_counter() - t0
+        t0 = time.perf_counter()
         steps = args.sft_steps if rnd == 0 else args.round_steps
-        _log(f"round {rnd}: encoded {train_all.rows} rows in {time.perf_counter() - t0:.0f}s; SFT {steps} steps")
+        _log(f"round {rnd}: {train_all.examples} training states ({train_all.rows} rows) in "
+             f"{timings[f'r{rnd}_load_s']:.0f}s; SFT {steps} steps")  # fmt: skip
         if not ckpt.is_dir():
             cfg_sft = sft.SFTConfig(steps=steps, batch_size=args.batch_size, lr=args.lr,
                                     action_weight=args.action_weight, eval_every=max(1, steps // 10),
-                                    seed=args.seed + rnd)  # fmt: skip
-            result = sft.train_sft(model, train_all, heldout_rows.to(args.device), cfg_sft, progress)
+                                    seed=args.seed + rnd, train_encoders=train_encoders)  # fmt: skip
+            result = sft.train_sft(model, train_all, heldout_rows, cfg_sft, progress)
             steps_total += steps
             prov = {
                 "tool": "scripts/train_stage2.py",
                 "round": rnd,
                 "level": level.name,
                 "train_rows": int(train_all.rows),
+                "train_states": int(train_all.examples),
                 "sft_steps_total": steps_total,
+                "trained_encoders": list(train_encoders),
                 "initial_heldout_loss": result["initial_heldout"],
                 "final_heldout_loss": result["final_heldout"],
                 "arguments": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
@@ -310,14 +324,20 @@ def main(argv: list[str] | None = None) -> int:
             save_wnm_checkpoint(model.to("cpu"), ckpt, prov, readme=_readme(ckpt.name, args, rnd, prov, None))
             _log(f"round {rnd}: SFT {steps} steps, held-out loss {result['initial_heldout']['loss']:.3f} -> "
                  f"{result['final_heldout']['loss']:.3f} (action {result['final_heldout']['action']:.3f})")  # fmt: skip
-        else:
+        else:  # resumed: the earlier rounds' rows were encoded by older encoders; describe them with this round's
             steps_total += steps
+            sft.refresh_features(model, train_all, train_encoders)
+            sft.refresh_features(model, heldout_rows, train_encoders)
+        # train_sft refreshed the cached features with the trained encoders: later rounds reuse them as they are.
+        accumulated = train_all.to("cpu")
         del model, train_all
         timings[f"r{rnd}_sft_s"] = time.perf_counter() - t0
 
         t0 = time.perf_counter()
-        policy = WNMPolicy.from_checkpoint(ckpt, device=args.device, name=ckpt.name)
-        evals[ckpt.name] = _evaluate(policy, ckpt.name, plans, specs, work / "eval" / f"{ckpt.name}.json", progress)
+        factory = functools.partial(WNMPolicy.from_checkpoint, ckpt, device=args.device, name=ckpt.name)
+        evals[ckpt.name] = _evaluate(factory, ckpt.name, plans, specs, work / "eval" / f"{ckpt.name}.json",
+                                     args.drive_workers, progress)  # fmt: skip
+        policy = factory()
         probes[ckpt.name] = probe_policy(policy, probe_examples, mean_actions)
         _log(f"probe {ckpt.name}:\n{format_probe_table(probes[ckpt.name])}")
         timings[f"r{rnd}_eval_s"] = time.perf_counter() - t0

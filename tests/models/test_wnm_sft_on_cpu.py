@@ -110,6 +110,85 @@ def test_encode_calibrates_latents_and_training_reduces_loss(tmp_path):
     assert all(math.isfinite(x) for x in result["train_losses"])
 
 
+def test_process_pool_loader_keeps_episode_order_and_subsets(tmp_path):
+    root = _write_collection(tmp_path / "gn0", episodes=3)
+    serial = sft.load_expert_examples(root, 33, (64, 64), progress=False)
+    pooled = sft.load_expert_examples(root, 33, (64, 64), progress=False, workers=2)
+    assert [e.episode_id for e in pooled] == [e.episode_id for e in serial] == [f"s0000_e{i:03d}" for i in range(3)]
+    for a, b in zip(serial, pooled, strict=True):
+        np.testing.assert_array_equal(a.history, b.history)
+        np.testing.assert_array_equal(a.target, b.target)
+    picked = sft.load_expert_examples(root, 33, (64, 64), progress=False, episode_ids=["s0000_e002"])
+    assert [e.episode_id for e in picked] == ["s0000_e002"]
+    with pytest.raises(ValueError, match="unknown episode ids"):
+        sft.load_expert_examples(root, 33, (64, 64), progress=False, episode_ids=["nope"])
+
+
+def test_split_episode_ids_matches_split_by_episode(tmp_path):
+    ids = [f"e{i:02d}" for i in range(20)]
+    train, held = sft.split_episode_ids(ids, 0.1, seed=3)
+    assert len(held) == 2 and len(train) == 18 and not set(train) & set(held) and sorted(train + held) == ids
+    fake = [sft.ExpertExample(i, None, None, None, ()) for i in ids for _ in range(2)]  # two states per episode
+    tr, he = sft.split_by_episode(fake, 0.1, seed=3)
+    assert sorted({e.episode_id for e in he}) == held and len(tr) == 36
+
+
+def test_concat_reoffsets_examples():
+    def rows(n_ex, per):
+        return sft.EncodedRows(
+            history_latents=torch.arange(n_ex).float().view(n_ex, 1),
+            target_latents=torch.zeros(n_ex, 1),
+            actions=torch.zeros(n_ex, 1),
+            row_example=torch.arange(n_ex).repeat_interleave(per),
+            text=torch.zeros(n_ex * per, 1),
+            text_mask=torch.ones(n_ex * per, 1, dtype=torch.bool),
+            image=torch.zeros(n_ex, 1),
+            geometry=None,
+            text_ids=torch.zeros(n_ex * per, 1, dtype=torch.long),
+            views=torch.zeros(n_ex, 1, dtype=torch.uint8),
+        )
+
+    cat = sft.EncodedRows.concat([rows(2, 3), rows(3, 1)])
+    assert cat.examples == 5 and cat.rows == 9 and cat.geometry is None
+    assert cat.row_example.tolist() == [0, 0, 0, 1, 1, 1, 2, 3, 4]  # the second part's examples start at 2
+    hist, _ = cat.features(torch.tensor([6, 8]))
+    assert hist.view(-1).tolist() == [0.0, 2.0]  # row 6 is example 0 of part 2, row 8 its example 2
+
+
+def test_training_the_builtin_encoders_changes_them_and_refreshes_the_cache(tmp_path):
+    root = _write_collection(tmp_path / "gn0", episodes=2)
+    examples = sft.load_expert_examples(root, 33, (64, 64), progress=False)
+    torch.manual_seed(0)
+    model = WNMModel(WNMConfig.from_size("tiny", num_layers=1))
+    rows = sft.encode_examples(model, iter(examples), progress=False, calibrate=True, fit_normalization=True)
+    assert model.action_normalization.mean[0] == pytest.approx(0.0875)  # 0.1 * 28 / 32, by hand
+    assert rows.views.shape == (2, 4, 64, 64, 3) and rows.text_ids.shape == (4, 32)
+    # The newest history frame is the last view: the query is at t = 5 of a 6-frame episode.
+    np.testing.assert_array_equal(rows.views[0, -1].numpy(), examples[0].history[-1])
+    before = {n: [p.detach().clone() for p in getattr(model, n).parameters()] for n in sft.TRAINABLE_ENCODERS}
+    cached_text = rows.text.clone()
+    cfg = sft.SFTConfig(
+        steps=3, batch_size=4, lr=1e-2, eval_every=3, eval_rows=4, train_encoders=sft.TRAINABLE_ENCODERS
+    )
+    sft.train_sft(model, rows, rows, cfg, progress=False)
+    for name, old in before.items():
+        module = getattr(model, name)
+        assert any(not torch.equal(a, b) for a, b in zip(old, module.parameters(), strict=True)), name
+        assert not any(p.requires_grad for p in module.parameters()) and not module.training  # frozen again
+    assert not torch.equal(cached_text, rows.text)
+    with torch.no_grad():
+        torch.testing.assert_close(rows.text, model.text_encoder(rows.text_ids, rows.text_mask))
+        torch.testing.assert_close(rows.image, model.image_encoder(rows.views[:, -1]))
+        torch.testing.assert_close(
+            rows.geometry, model.geometry_encoder(torch.from_numpy(np.stack([e.history for e in examples])))
+        )
+
+
+def test_train_encoders_refuses_unknown_names():
+    with pytest.raises(ValueError, match=r"train_encoders: unknown \['vae'\]"):
+        sft.SFTConfig(train_encoders=("vae",))
+
+
 def _run_tool(argv, monkeypatch):
     monkeypatch.setattr(sys, "argv", [str(TOOL), *argv])
     with pytest.raises(SystemExit) as exc:

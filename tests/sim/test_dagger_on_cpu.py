@@ -41,7 +41,7 @@ def stop_round(tmp_path_factory):
     cfg = SynthesisConfig(num_scenes=1, episodes_per_scene=2, floorplan=level.floorplan(),
                           collector=CollectorConfig(min_goal_distance_m=level.min_goal_distance_m))  # fmt: skip
     (root / "c" / "episodes").mkdir(parents=True)
-    summary = collect_dagger_round(StopPolicy(), cfg, 3, 0.0, root / "c" / "episodes", root / "occ", progress=False)
+    summary = collect_dagger_round(StopPolicy, cfg, 3, 0.0, root / "c" / "episodes", root / "occ", progress=False)
     return root, summary
 
 
@@ -72,7 +72,7 @@ def test_expert_round_reaches_the_goal_and_loads_for_sft(tmp_path):
                           collector=CollectorConfig(min_goal_distance_m=level.min_goal_distance_m))  # fmt: skip
     (tmp_path / "c" / "episodes").mkdir(parents=True)
     # beta 1: the expert drives every call; the learner (a stop policy) is never asked.
-    summary = collect_dagger_round(StopPolicy(), cfg, 3, 1.0, tmp_path / "c" / "episodes", tmp_path / "o",
+    summary = collect_dagger_round(StopPolicy, cfg, 3, 1.0, tmp_path / "c" / "episodes", tmp_path / "o",
                                    progress=False)  # fmt: skip
     assert summary["behaviour_success_rate"] == 1.0 and summary["expert_call_share"] == 1.0
     meta = cfg.collection_meta(3)

@@ -9,13 +9,14 @@ policy"); ``--scene-offset`` starts at another scene index so that rounds can us
 
 Example:
     python tools/data/collect_dagger.py --policy-checkpoint ckpt/stage2_r0 --beta 0.5 --level two_rooms \\
-        --num-scenes 100 --episodes-per-scene 4 --seed 11 --workers 8 --device cuda \\
+        --num-scenes 100 --episodes-per-scene 4 --seed 11 --workers 8 --drive-workers 8 --device cuda \\
         --output-dir data/dagger_r1 --occupancy-dir data/dagger_r1_occ
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import shutil
 import sys
 import tempfile
@@ -37,6 +38,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--scene-offset", type=int, default=0, help="index of the first scene (default 0)")
     p.add_argument("--seed", type=int, default=0, help="seed of scenes, tasks and mixing draws (default 0)")
     p.add_argument("--workers", type=int, default=1, help="processes relabelling and writing episodes (default 1)")
+    p.add_argument(
+        "--drive-workers",
+        type=int,
+        default=1,
+        help="processes driving episodes, each with its own copy of the learner (default 1)",
+    )
     p.add_argument("--max-steps", type=int, default=160, help="motion steps per episode (default 160)")
     p.add_argument("--num-steps", type=int, default=10, help="ODE denoising steps of the learner (default 10)")
     p.add_argument("--device", default="cpu", help="torch device of the learner (default cpu)")
@@ -50,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if not 0.0 <= args.beta <= 1.0:
         parser.error(f"--beta must be in [0, 1], got {args.beta}")
-    for flag in ("num_scenes", "episodes_per_scene", "workers", "max_steps"):
+    for flag in ("num_scenes", "episodes_per_scene", "workers", "drive_workers", "max_steps"):
         if getattr(args, flag) < 1:
             parser.error(f"--{flag.replace('_', '-')} must be >= 1, got {getattr(args, flag)}")
     if args.scene_offset < 0:
@@ -75,9 +82,9 @@ def main(argv: list[str] | None = None) -> int:
         level = get_level(args.level)
     except ValueError as e:
         parser.error(f"--level: {e}")
-    learner = WNMPolicy.from_checkpoint(args.policy_checkpoint, device=args.device, dtype=args.dtype,
-                                        num_steps=args.num_steps)  # fmt: skip
-    h, w = learner.image_size
+    learner = functools.partial(WNMPolicy.from_checkpoint, args.policy_checkpoint, device=args.device,
+                                dtype=args.dtype, num_steps=args.num_steps)  # fmt: skip
+    h, w = learner().image_size  # loads once here: a bad checkpoint fails before any scene is made
     collector = CollectorConfig(camera=CameraConfig(width=w, height=h), min_goal_distance_m=level.min_goal_distance_m)
     cfg = SynthesisConfig(
         num_scenes=args.num_scenes,
@@ -96,6 +103,7 @@ def main(argv: list[str] | None = None) -> int:
         summary = collect_dagger_round(
             learner, cfg, args.seed, args.beta, tmp_out / "episodes", tmp_occ, workers=args.workers,
             scene_offset=args.scene_offset, max_steps=args.max_steps, progress=not args.no_progress,
+            drive_workers=args.drive_workers,
         )  # fmt: skip
         info = {
             "name": args.policy_checkpoint.resolve().name,

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import functools
 import json
 import os
 import shutil
@@ -74,6 +75,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--num-steps", type=positive_int, default=10, help="ODE denoising steps (default 10)")
     p.add_argument("--shift", type=float, default=3.0, help="sigma schedule shift (default 3.0)")
     p.add_argument("--device", default="cpu", help="torch device (default cpu)")
+    p.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        help="processes running episodes, each with its own copy of the policy (default 1)",
+    )
     p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"), help="DiT dtype")
     p.add_argument(
         "--exact-batching",
@@ -147,6 +154,8 @@ def _validate(args: argparse.Namespace) -> None:
         raise CliError("no scenes: pass --scenes DIR... and/or --synthesize N (fresh held-out scenes)")
     if args.synthesize < 0:
         raise CliError(f"--synthesize must be >= 0, got {args.synthesize}")
+    if args.workers < 1:
+        raise CliError(f"--workers must be >= 1, got {args.workers}")
     if args.num_steps < 2:
         raise CliError(f"--num-steps must be >= 2 (the last denoising step is always Euler), got {args.num_steps}")
     if not args.shift > 0:
@@ -215,33 +224,35 @@ def _load_scenes(args: argparse.Namespace, floorplan_cfg) -> tuple[dict, dict, l
 
 def _evaluate(label: str, ckpt: Path, args, plans, specs, loop_cfg):
     from verl_omni.models.wnm import CheckpointError
-    from verl_omni.sim.closed_loop import run_closed_loop
+    from verl_omni.sim.loop_pool import run_closed_loop_pool
     from verl_omni.sim.wnm_policy import WNMPolicy
 
+    factory = functools.partial(
+        WNMPolicy.from_checkpoint,
+        ckpt,
+        device=args.device,
+        dtype=args.dtype,
+        num_steps=args.num_steps,
+        shift=args.shift,
+        name=label,
+        exact=args.exact_batching,
+    )
     try:
-        policy = WNMPolicy.from_checkpoint(
-            ckpt,
-            device=args.device,
-            dtype=args.dtype,
-            num_steps=args.num_steps,
-            shift=args.shift,
-            name=label,
-            exact=args.exact_batching,
-        )
+        numel = factory().backend.layout.numel  # loads here: a bad checkpoint fails before any worker starts
     except (CheckpointError, ValueError) as e:
         raise CliError(f"{ckpt}: {e}") from e
     start = time.perf_counter()
-    results = run_closed_loop(policy, plans, specs, loop_cfg, progress=not args.no_progress, desc=label)
-    return results, time.perf_counter() - start, policy.backend.layout.numel
+    results, _ = run_closed_loop_pool(factory, plans, specs, loop_cfg, args.workers, not args.no_progress, label)
+    return results, time.perf_counter() - start, numel
 
 
 def _evaluate_scripted(name: str, args, plans, specs, loop_cfg):
-    from verl_omni.sim.closed_loop import run_closed_loop
+    from verl_omni.sim.loop_pool import run_closed_loop_pool
     from verl_omni.sim.reference_policies import make_scripted_policy
 
-    policy = make_scripted_policy(name, plans)
+    factory = functools.partial(make_scripted_policy, name, plans)
     start = time.perf_counter()
-    results = run_closed_loop(policy, plans, specs, loop_cfg, progress=not args.no_progress, desc=name)
+    results, _ = run_closed_loop_pool(factory, plans, specs, loop_cfg, args.workers, not args.no_progress, name)
     return results, time.perf_counter() - start
 
 

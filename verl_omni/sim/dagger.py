@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from verl_omni.sim.closed_loop import ClosedLoopConfig, EpisodeSpec, PolicyQuery, run_closed_loop
+from verl_omni.sim.closed_loop import ClosedLoopConfig, EpisodeSpec, PolicyQuery
 from verl_omni.sim.collector import (
     COLLECTION_FORMAT,
     SceneError,
@@ -100,6 +100,29 @@ class MixedPolicy:
             out[idx] = acts[:, :32]
             self.learner_calls.update(queries[i].episode_id for i in idx)
         return out
+
+    def episode_info(self, episode_id: str) -> dict:
+        """Calls of one episode that followed the expert and the learner."""
+        return {
+            "expert_calls": int(self.expert_calls[episode_id]),
+            "learner_calls": int(self.learner_calls[episode_id]),
+        }
+
+
+def build_mixed_policy(learner_factory, plans, beta: float, seed: int, planner, image_size) -> MixedPolicy:
+    """A :class:`MixedPolicy` around a freshly built learner (what each driving worker process calls).
+
+    Raises:
+        ValueError: the learner sees frames of another size than the collection renders.
+    """
+    learner = learner_factory()
+    if tuple(learner.image_size) != tuple(image_size):
+        raise ValueError(
+            f"DAgger: the policy sees {list(learner.image_size)} frames but the collection renders "
+            f"{list(image_size)}; pass a matching --image-size"
+        )
+    expert = ExpertPolicy(plans, stop=True, image_size=tuple(image_size), planner=planner)
+    return MixedPolicy(learner, expert, beta, seed)
 
 
 @dataclass(frozen=True)
@@ -176,7 +199,7 @@ def _label_job(job: tuple) -> dict:
 
 
 def collect_dagger_round(
-    learner,
+    learner_factory,
     cfg: SynthesisConfig,
     seed: int,
     beta: float,
@@ -186,11 +209,14 @@ def collect_dagger_round(
     scene_offset: int = 0,
     max_steps: int | None = None,
     progress: bool = True,
+    drive_workers: int = 1,
 ) -> dict:
     """Drives ``cfg.num_scenes x cfg.episodes_per_scene`` episodes with the mixed policy and writes them.
 
     Args:
-        learner: The learned policy (e.g. :class:`~verl_omni.sim.wnm_policy.WNMPolicy`).
+        learner_factory: Picklable zero-argument callable building the learned policy (e.g.
+            ``functools.partial(WNMPolicy.from_checkpoint, path, device="cuda")``); every driving process
+            builds its own.
         cfg: Scenes, episodes per scene, floor-plan and collector settings.
         seed: Seed of scenes, tasks and mixing draws.
         beta: Probability that a call follows the expert.
@@ -199,36 +225,38 @@ def collect_dagger_round(
         scene_offset: Index of the first scene (rounds may use fresh scenes: ``s<offset> ...``).
         max_steps: Motion steps per episode (default: the collector's ``policy.max_steps``).
         progress: Show progress bars.
+        drive_workers: Processes driving episodes, each with its own learner (:mod:`verl_omni.sim.loop_pool`).
 
     Returns:
         Summary: episodes, queries, frames, events, the behaviour's expert share, the learner's SR on the round.
     """
+    import functools
+
+    from verl_omni.sim.loop_pool import run_closed_loop_pool
+
     plans = [make_scene(scene_offset + i, seed, cfg) for i in range(cfg.num_scenes)]
     for plan in plans:
         plan.save(Path(occupancy_root) / plan.scene_id)
     tasks = sample_tasks(plans, cfg.episodes_per_scene, seed, cfg)
     by_id = {p.scene_id: p for p in plans}
-    expert = ExpertPolicy(by_id, stop=True, image_size=tuple(learner.image_size), planner=cfg.collector.planner)
-    policy = MixedPolicy(learner, expert, beta, seed)
+    image_size = (cfg.collector.camera.height, cfg.collector.camera.width)
+    factory = functools.partial(build_mixed_policy, learner_factory, by_id, beta, seed, cfg.collector.planner,
+                                image_size)  # fmt: skip
     loop = ClosedLoopConfig(
         max_steps=max_steps or cfg.collector.policy.max_steps,
         robot_radius=cfg.collector.planner.robot_radius,
         fov_deg=cfg.collector.camera.fov_deg,
     )
-    if tuple(learner.image_size) != (cfg.collector.camera.height, cfg.collector.camera.width):
-        raise ValueError(
-            f"DAgger: the policy sees {list(learner.image_size)} frames but the collection renders "
-            f"{[cfg.collector.camera.height, cfg.collector.camera.width]}; pass a matching --image-size"
-        )
-    results = run_closed_loop(policy, by_id, [t.spec for t in tasks], loop, progress=progress, desc="drive")
+    results, calls = run_closed_loop_pool(factory, by_id, [t.spec for t in tasks], loop, drive_workers, progress,
+                                          "drive")  # fmt: skip
     jobs = []
     for task, res in zip(tasks, results, strict=True):
         eid = task.spec.episode_id
         info = {
             "type": "dagger",
             "beta": beta,
-            "expert_calls": int(policy.expert_calls[eid]),
-            "learner_calls": int(policy.learner_calls[eid]),
+            "expert_calls": calls[eid]["expert_calls"],
+            "learner_calls": calls[eid]["learner_calls"],
             "success": bool(res.success),
             "end_reason": res.end_reason,
         }
@@ -238,8 +266,9 @@ def collect_dagger_round(
     events: Counter = Counter()
     for s in summaries:
         events.update(s["events"])
-    calls_e, calls_l = sum(policy.expert_calls.values()), sum(policy.learner_calls.values())
-    learner_only = [r for r in results if policy.expert_calls[r.episode_id] == 0]
+    calls_e = sum(c["expert_calls"] for c in calls.values())
+    calls_l = sum(c["learner_calls"] for c in calls.values())
+    learner_only = [r for r in results if calls[r.episode_id]["expert_calls"] == 0]
     return {
         "episodes": len(results),
         "queries": sum(s["queries"] for s in summaries),

@@ -130,6 +130,10 @@ class HFTokenizer:
 class BuiltinImageEncoder(nn.Module):
     """Small strided conv net: current frame -> a grid of ``tokens`` feature vectors.
 
+    Each grid cell carries a learned position embedding: the DiT's cross-attention is blind to the order of
+    its context tokens, so without it the policy could tell *that* the named object is in view but not
+    *where* (left or right), which is what it must steer by.
+
     Args:
         dim: Output feature width (``image_dim``).
         tokens: Output tokens; must be a square number (a ``g x g`` pooled grid).
@@ -147,12 +151,13 @@ class BuiltinImageEncoder(nn.Module):
             nn.GELU(),
             nn.Conv2d(dim, dim, 3, padding=1),
         )
+        self.cell_embed = nn.Parameter(torch.randn(tokens, dim) * 0.02)
 
     def forward(self, frames: torch.Tensor) -> torch.Tensor:
         """``frames [B, H, W, 3]`` uint8 -> ``[B, tokens, dim]``."""
         x = frames_to_unit(frames).to(self.net[0].weight.dtype) * 2 - 1
         h = F.adaptive_avg_pool2d(self.net(x), self.grid)
-        return h.flatten(2).transpose(1, 2)
+        return h.flatten(2).transpose(1, 2) + self.cell_embed
 
 
 class CLIPImageEncoder(nn.Module):
@@ -201,8 +206,8 @@ def geometry_frame_indices(history_frames: int, used: int) -> list[int]:
 class BuiltinGeometryEncoder(nn.Module):
     """A small multi-view conv encoder standing in for VGGT-style geometry tokens.
 
-    Encodes ``frames`` evenly spaced history frames with a shared conv net, adds a learned per-view
-    embedding, and pools views x cells into ``tokens`` tokens.
+    Encodes ``frames`` evenly spaced history frames with a shared conv net, pools each view into a grid of
+    cells and adds learned per-view and per-cell embeddings: ``tokens`` = views x cells tokens.
 
     Args:
         dim: Output feature width (``geometry_dim``).
@@ -233,15 +238,27 @@ class BuiltinGeometryEncoder(nn.Module):
             nn.Conv2d(dim, dim, 3, padding=1),
         )
         self.view_embed = nn.Parameter(torch.randn(len(self.frame_indices), dim) * 0.02)
+        # Where in the view a cell lies (see BuiltinImageEncoder: context tokens have no order of their own).
+        self.cell_embed = nn.Parameter(torch.randn(per_view, dim) * 0.02)
 
     def forward(self, history_frames: torch.Tensor) -> torch.Tensor:
-        b, t = history_frames.shape[:2]
+        t = history_frames.shape[1]
         if t <= max(self.frame_indices):
             raise ValueError(f"geometry encoder needs >= {max(self.frame_indices) + 1} history frames, got {t}")
-        views = history_frames[:, self.frame_indices]  # [B, V, H, W, 3]
+        return self.encode_views(history_frames[:, self.frame_indices])
+
+    def encode_views(self, views: torch.Tensor) -> torch.Tensor:
+        """``views [B, V, H, W, 3]`` uint8 (the history at ``frame_indices``) -> ``[B, num_tokens, output_dim]``.
+
+        Stage-II SFT keeps only these views of each state when it trains this encoder (not the whole history).
+        """
+        b = views.shape[0]
+        if views.shape[1] != len(self.frame_indices):
+            raise ValueError(f"geometry encoder needs {len(self.frame_indices)} views, got {views.shape[1]}")
         x = frames_to_unit(views.flatten(0, 1)).to(self.view_embed.dtype) * 2 - 1
         h = F.adaptive_avg_pool2d(self.net(x), self.grid).flatten(2).transpose(1, 2)  # [B*V, g*g, D]
         h = h.view(b, len(self.frame_indices), -1, self.output_dim) + self.view_embed[None, :, None, :]
+        h = h + self.cell_embed[None, None]
         return h.flatten(1, 2)
 
 

@@ -12,6 +12,7 @@ reference_stop)``; one row per instruction variant. Whole episodes are held out 
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,6 +22,7 @@ from tqdm import tqdm
 
 from verl_omni.data.actions import ActionNormalization, poses_to_actions
 
+from .encoders import freeze
 from .flow_matching import joint_flow_matching_loss
 from .model import WNMModel
 
@@ -72,25 +74,27 @@ def _episode_examples(job: tuple[str, str, int]) -> list[ExpertExample]:
     return out
 
 
-def load_expert_examples(
+def iter_expert_examples(
     collection: str | Path,
     history_frames: int,
     image_size: tuple[int, int],
     progress: bool = True,
     workers: int = 1,
-) -> list[ExpertExample]:
-    """Reads every valid query of a GN0 collection (skipping rejected records), in episode order.
+    episode_ids: list[str] | None = None,
+) -> Iterator[ExpertExample]:
+    """Yields every valid query of a GN0 collection (skipping rejected records), in episode order.
 
     Args:
         collection: Collection root.
         history_frames / image_size: What the model needs.
         progress: Show a progress bar.
-        workers: Threads decoding episodes (video decoding dominates; results keep episode order).
+        workers: Processes decoding episodes (video decoding dominates; results keep episode order).
+        episode_ids: Only these episodes (default: all of the collection).
 
     Raises:
-        ValueError: the collection's image size differs from the model's (names both).
+        ValueError: the collection's image size differs from the model's (names both), or an episode id is unknown.
     """
-    from concurrent.futures import ThreadPoolExecutor
+    from concurrent.futures import ProcessPoolExecutor
 
     from verl_omni.data.gn0 import list_episode_ids, read_collection_info
 
@@ -100,23 +104,45 @@ def load_expert_examples(
             f"{info.root / 'collection.json'}: field 'image_size' is {list(info.image_size)}, the model needs "
             f"{list(image_size)}; pick a matching --size or re-synthesize the collection"
         )
-    jobs = [(str(info.root), eid, history_frames) for eid in list_episode_ids(info.root)]
-    examples = []
+    known = list_episode_ids(info.root)
+    if episode_ids is None:
+        episode_ids = known
+    else:
+        missing = sorted(set(episode_ids) - set(known))
+        if missing:
+            raise ValueError(f"{info.root}: unknown episode ids {missing[:5]} ({len(missing)} in all)")
+    jobs = [(str(info.root), eid, history_frames) for eid in episode_ids]
     bar = tqdm(total=len(jobs), desc="read episodes", disable=not progress)
-    if workers <= 1:
+    if workers <= 1 or len(jobs) <= 1:
         for job in jobs:
-            examples.extend(_episode_examples(job))
+            yield from _episode_examples(job)
             bar.update()
     else:
-        # Threads, not processes: the video decoders release the GIL, and decoded frames (about 0.8 MB per
-        # query state) would otherwise be pickled back through pipes, which costs more than the decoding.
-        with ThreadPoolExecutor(max_workers=min(workers, len(jobs))) as pool:
-            for part in pool.map(_episode_examples, jobs):  # map keeps episode order
-                examples.extend(part)
+        # Processes, not threads: converting decoded frames to arrays holds the GIL (measured: 16 threads
+        # decoded no faster than 4.5 episodes/s). Pickling the arrays back costs a memcpy per frame.
+        with ProcessPoolExecutor(max_workers=min(workers, len(jobs))) as pool:
+            for part in pool.map(_episode_examples, jobs, chunksize=1):  # map keeps episode order
+                yield from part
                 bar.update()
     bar.close()
+
+
+def load_expert_examples(
+    collection: str | Path,
+    history_frames: int,
+    image_size: tuple[int, int],
+    progress: bool = True,
+    workers: int = 1,
+    episode_ids: list[str] | None = None,
+) -> list[ExpertExample]:
+    """:func:`iter_expert_examples` as a list.
+
+    Raises:
+        ValueError: as :func:`iter_expert_examples`, or the collection has no valid query record.
+    """
+    examples = list(iter_expert_examples(collection, history_frames, image_size, progress, workers, episode_ids))
     if not examples:
-        raise ValueError(f"{info.root}: no valid query records")
+        raise ValueError(f"{collection}: no valid query records")
     return examples
 
 
@@ -128,14 +154,21 @@ def subsample(examples: list[ExpertExample], max_examples: int) -> list[ExpertEx
     return [examples[i] for i in keep]
 
 
-def split_by_episode(examples: list[ExpertExample], heldout_fraction: float, seed: int):
-    """Holds out whole episodes (at least one, at most all but one). Returns ``(train, heldout)``."""
-    episodes = sorted({e.episode_id for e in examples})
+def split_episode_ids(episode_ids: list[str], heldout_fraction: float, seed: int) -> tuple[list[str], list[str]]:
+    """Holds out whole episodes (at least one, at most all but one). Returns ``(train_ids, heldout_ids)``, sorted."""
+    episodes = sorted(set(episode_ids))
     if len(episodes) < 2:
         raise ValueError(f"need >= 2 episodes to hold one out, the collection has {len(episodes)}")
     order = np.random.default_rng(seed).permutation(len(episodes))
     n_held = min(len(episodes) - 1, max(1, round(heldout_fraction * len(episodes))))
     held = {episodes[i] for i in order[:n_held]}
+    return [e for e in episodes if e not in held], [e for e in episodes if e in held]
+
+
+def split_by_episode(examples: list[ExpertExample], heldout_fraction: float, seed: int):
+    """Examples split as :func:`split_episode_ids` splits their episodes. Returns ``(train, heldout)``."""
+    _, held_ids = split_episode_ids([e.episode_id for e in examples], heldout_fraction, seed)
+    held = set(held_ids)
     return [e for e in examples if e.episode_id not in held], [e for e in examples if e.episode_id in held]
 
 
@@ -143,12 +176,18 @@ def split_by_episode(examples: list[ExpertExample], heldout_fraction: float, see
 class EncodedRows:
     """Frozen-encoder outputs of examples, one row per (example, instruction variant).
 
+    The raw encoder inputs (token ids, the history views) are kept beside the features so that SFT can train
+    the built-in encoders (``SFTConfig.train_encoders``) without decoding the videos again.
+
     Attributes:
         history_latents / target_latents: ``[N, C, T', h, w]`` per example.
         actions: ``[N, 32, 4]`` normalized actions per example.
         row_example: ``[R]`` example index of each row.
         text / text_mask: ``[R, Lt, text_dim]`` / ``[R, Lt]`` per row.
         image / geometry: ``[N, Li, image_dim]`` / ``[N, Lg, geometry_dim]`` (or None) per example.
+        text_ids: ``[R, Lt]`` long token ids per row.
+        views: uint8 ``[N, V, H, W, 3]`` history frames at :func:`condition_view_indices` per example; the
+            last one is the current view.
     """
 
     history_latents: torch.Tensor
@@ -159,10 +198,16 @@ class EncodedRows:
     text_mask: torch.Tensor
     image: torch.Tensor
     geometry: torch.Tensor | None
+    text_ids: torch.Tensor
+    views: torch.Tensor
 
     @property
     def rows(self) -> int:
         return self.row_example.shape[0]
+
+    @property
+    def examples(self) -> int:
+        return self.history_latents.shape[0]
 
     def to(self, device) -> EncodedRows:
         """A copy with every tensor on ``device`` (training draws its rows there)."""
@@ -170,8 +215,22 @@ class EncodedRows:
             **{k: None if v is None else v.to(device) for k, v in self.__dict__.items()}  # all fields are tensors
         )
 
+    @classmethod
+    def concat(cls, parts: list[EncodedRows]) -> EncodedRows:
+        """Rows of several encodings (e.g. DAgger rounds) as one; ``row_example`` is re-offset."""
+        if not parts:
+            raise ValueError("EncodedRows.concat: nothing to concatenate")
+        fields = {}
+        for name in cls.__dataclass_fields__:
+            values = [getattr(p, name) for p in parts]
+            if name == "row_example":
+                offsets = np.cumsum([0] + [p.examples for p in parts[:-1]])
+                values = [v + int(o) for v, o in zip(values, offsets, strict=True)]
+            fields[name] = None if values[0] is None else torch.cat(values)
+        return cls(**fields)
+
     def features(self, rows: torch.Tensor) -> tuple[torch.Tensor, dict]:
-        """History latents and encoder features of the given rows."""
+        """History latents and cached encoder features of the given rows."""
         ex = self.row_example[rows]
         feats = {
             "text": self.text[rows],
@@ -182,21 +241,57 @@ class EncodedRows:
         return self.history_latents[ex], feats
 
 
+def condition_view_indices(model: WNMModel) -> list[int]:
+    """History frame indices the image and geometry encoders look at (the newest frame last)."""
+    last = model.config.history_frames - 1
+    indices = getattr(model.geometry_encoder, "frame_indices", None)
+    return list(indices) if indices else [last]
+
+
+def _trained_features(model: WNMModel, data: EncodedRows, rows: torch.Tensor, trained: tuple[str, ...]):
+    """History latents and features of ``rows``: the ``trained`` encoders run on the raw inputs (with grad),
+    the others come from the cache."""
+    hist, feats = data.features(rows)
+    ex = data.row_example[rows]
+    if "text_encoder" in trained:
+        feats["text"] = model.text_encoder(data.text_ids[rows], data.text_mask[rows]).float()
+    if "image_encoder" in trained:
+        feats["image"] = model.image_encoder(data.views[ex][:, -1]).float()
+    if "geometry_encoder" in trained:
+        feats["geometry"] = model.geometry_encoder.encode_views(data.views[ex]).float()
+    return hist, feats
+
+
 @torch.no_grad()
 def encode_examples(
-    model: WNMModel, examples: list[ExpertExample], batch: int = 8, progress: bool = True, calibrate: bool = False
+    model: WNMModel,
+    examples: Iterable[ExpertExample],
+    batch: int = 8,
+    progress: bool = True,
+    calibrate: bool = False,
+    fit_normalization: bool = False,
 ) -> EncodedRows:
-    """Runs the frozen encoders once over all examples.
+    """Runs the frozen encoders once over all examples (any iterable: decoding and encoding stream together).
 
-    With ``calibrate`` the model's latent statistics are first set from these examples' target clips
-    (per-channel mean/std of the raw VAE latents), which a randomly initialised tiny VAE needs; the clips are
-    encoded only once either way.
+    Args:
+        model: The model whose encoders run.
+        examples: Expert examples (e.g. :func:`iter_expert_examples`).
+        batch: Examples per encoder call.
+        progress: Show a progress bar.
+        calibrate: First set the model's latent statistics from these examples' target clips (per-channel
+            mean/std of the raw VAE latents), which a randomly initialised tiny VAE needs; the clips are encoded
+            only once either way.
+        fit_normalization: Set ``model.action_normalization`` from these examples' actions
+            (:func:`fit_action_normalization`) before normalizing them.
     """
     if calibrate:
         model.set_latent_statistics([0.0] * model.config.latent_channels, [1.0] * model.config.latent_channels)
-    hist, targ, image, geometry, text, mask, row_ex = [], [], [], [], [], [], []
-    for i in tqdm(range(0, len(examples), batch), desc="encode", disable=not progress):
-        chunk = examples[i : i + batch]
+    view_idx = condition_view_indices(model)
+    hist, targ, image, geometry, text, mask, ids, views, actions, row_ex = ([] for _ in range(10))
+    n = 0
+
+    def flush(chunk: list[ExpertExample]) -> None:
+        nonlocal n
         h = torch.from_numpy(np.stack([e.history for e in chunk]))
         hist.append(model.encode_video(h))
         targ.append(model.encode_video(torch.from_numpy(np.stack([e.target for e in chunk]))))
@@ -204,12 +299,36 @@ def encode_examples(
         image.append(feats["image"])
         if feats["geometry"] is not None:
             geometry.append(feats["geometry"])
+        views.append(h[:, view_idx])
+        # Every instruction variant of the chunk in one encoder call (one call per example cost more than the VAE).
+        texts = [t for e in chunk for t in e.instructions]
+        tok_ids, _ = model.tokenizer(texts)
+        t, m = model.encode_text(texts)
+        text.append(t)
+        mask.append(m)
+        ids.append(tok_ids.to(m.device))
         for j, e in enumerate(chunk):
-            t, m = model.encode_text(list(e.instructions))
-            text.append(t)
-            mask.append(m)
-            row_ex += [i + j] * len(e.instructions)
-    actions = np.stack([e.actions for e in examples])
+            row_ex.extend([n + j] * len(e.instructions))
+            actions.append(e.actions)
+        n += len(chunk)
+
+    chunk: list[ExpertExample] = []
+    bar = tqdm(desc="encode", unit="state", disable=not progress)
+    for e in examples:
+        chunk.append(e)
+        if len(chunk) == batch:
+            flush(chunk)
+            bar.update(len(chunk))
+            chunk = []
+    if chunk:
+        flush(chunk)
+        bar.update(len(chunk))
+    bar.close()
+    if n == 0:
+        raise ValueError("encode_examples: no examples")
+    raw_actions = np.stack(actions)
+    if fit_normalization:
+        model.action_normalization = ActionNormalization.from_actions(raw_actions)
     hist, targ = torch.cat(hist), torch.cat(targ)
     if calibrate:
         z = targ.transpose(0, 1).flatten(1)  # [C, everything]
@@ -220,13 +339,39 @@ def encode_examples(
     return EncodedRows(
         history_latents=hist,
         target_latents=targ,
-        actions=model.action_normalization.normalize(torch.from_numpy(actions).float()),
-        row_example=torch.tensor(row_ex),
+        actions=model.action_normalization.normalize(torch.from_numpy(raw_actions).float()).to(hist.device),
+        row_example=torch.tensor(row_ex, device=hist.device),
         text=torch.cat(text),
         text_mask=torch.cat(mask),
         image=torch.cat(image),
         geometry=torch.cat(geometry) if geometry else None,
+        text_ids=torch.cat(ids),
+        views=torch.cat(views).to(hist.device),
     )
+
+
+@torch.no_grad()
+def refresh_features(model: WNMModel, data: EncodedRows, trained: tuple[str, ...], batch: int = 256) -> None:
+    """Recomputes the cached features of the ``trained`` encoders in place, with their current weights.
+
+    Needed after SFT trained an encoder: the cache must describe the encoders saved with the checkpoint.
+    """
+    for start in range(0, data.rows, batch):
+        rows = torch.arange(start, min(start + batch, data.rows), device=data.row_example.device)
+        _, feats = _trained_features(model, data, rows, trained)
+        data.text[rows] = feats["text"]
+        ex = data.row_example[rows]
+        data.image[ex] = feats["image"]  # examples repeat over their rows; every copy is the same value
+        if data.geometry is not None:
+            data.geometry[ex] = feats["geometry"]
+
+
+TRAINABLE_ENCODERS = ("text_encoder", "image_encoder", "geometry_encoder")
+_BUILTIN_KIND_FIELD = {
+    "text_encoder": "text_encoder_kind",
+    "image_encoder": "image_encoder_kind",
+    "geometry_encoder": "geometry_encoder_kind",
+}
 
 
 @dataclass(frozen=True)
@@ -241,6 +386,10 @@ class SFTConfig:
         eval_every: Held-out evaluation interval (steps).
         eval_rows: Held-out rows evaluated (fixed noise, stratified sigmas).
         seed: Seed of the training noise and row sampling.
+        train_encoders: Built-in encoders trained with the DiT (``text_encoder``, ``image_encoder``,
+            ``geometry_encoder``); the rest stay frozen. Stage II trains them because randomly initialised
+            built-in encoders carry no meaning: a frozen random byte encoder left the policy blind to its
+            instruction. They are frozen again afterwards (Stage III never updates them).
     """
 
     steps: int = 200
@@ -251,8 +400,13 @@ class SFTConfig:
     eval_every: int = 25
     eval_rows: int = 64
     seed: int = 0
+    train_encoders: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "train_encoders", tuple(self.train_encoders))
+        unknown = sorted(set(self.train_encoders) - set(TRAINABLE_ENCODERS))
+        if unknown:
+            raise ValueError(f"SFTConfig.train_encoders: unknown {unknown}; choose from {list(TRAINABLE_ENCODERS)}")
         for name in ("steps", "batch_size", "eval_every", "eval_rows"):
             if getattr(self, name) < 1:
                 raise ValueError(f"SFTConfig.{name}: must be >= 1, got {getattr(self, name)}")
@@ -285,7 +439,7 @@ def heldout_loss(model: WNMModel, data: EncodedRows, cfg: SFTConfig) -> dict[str
     totals = {"loss": 0.0, "video": 0.0, "action": 0.0}
     for chunk in rows.split(16):
         x0, a0, s, ev, ea = _draw(data, chunk, g, sigma[chunk])
-        hist, feats = data.features(chunk.to(data.row_example.device))
+        hist, feats = _trained_features(model, data, chunk.to(data.row_example.device), cfg.train_encoders)
         ctx = model.context_from_features(hist, feats)
         loss, parts = joint_flow_matching_loss(model.transformer, ctx, x0, a0, s, ev, ea, cfg.action_weight)
         w = len(chunk) / len(rows)
@@ -296,36 +450,66 @@ def heldout_loss(model: WNMModel, data: EncodedRows, cfg: SFTConfig) -> dict[str
     return totals
 
 
+def _trainable_encoders(model: WNMModel, names: tuple[str, ...]) -> list[torch.nn.Module]:
+    modules = []
+    for name in names:
+        kind = getattr(model.config, _BUILTIN_KIND_FIELD[name])
+        module = getattr(model, name)
+        if module is None or kind != "builtin":
+            raise ValueError(
+                f"SFTConfig.train_encoders: {name} is {kind!r} in this model; only built-in encoders train in SFT "
+                "(pretrained ones stay frozen); drop it from train_encoders"
+            )
+        modules.append(module)
+    return modules
+
+
 def train_sft(model: WNMModel, train: EncodedRows, heldout: EncodedRows, cfg: SFTConfig, progress: bool = True) -> dict:
-    """AdamW flow-matching training of ``model.transformer``.
+    """AdamW flow-matching training of ``model.transformer`` (and of the ``cfg.train_encoders``).
+
+    Trained encoders are frozen again at the end and the cached features of ``train`` and ``heldout`` are
+    recomputed with their new weights.
 
     Returns:
         ``{"initial_heldout", "final_heldout", "curve": [(step, train_loss_avg, heldout_loss)], "train_losses"}``.
     """
+    encoders = _trainable_encoders(model, cfg.train_encoders)
+    params = list(model.transformer.parameters())
+    for module in encoders:
+        for p in module.parameters():
+            p.requires_grad_(True)
+        params += list(module.parameters())
     g = torch.Generator().manual_seed(cfg.seed)
-    opt = torch.optim.AdamW(model.transformer.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
     initial = heldout_loss(model, heldout, cfg)
     curve, losses, window = [(0, None, initial["loss"])], [], []
-    model.train()
+    model.train()  # frozen parts stay in eval mode; the built-in encoders have no dropout or batch norm
     bar = tqdm(range(1, cfg.steps + 1), desc="sft", disable=not progress)
-    for step in bar:
-        rows = torch.randint(0, train.rows, (cfg.batch_size,), generator=g)
-        x0, a0, s, ev, ea = _draw(train, rows, g)
-        hist, feats = train.features(rows.to(train.row_example.device))
-        ctx = model.context_from_features(hist, feats)  # projectors train; encoder features are fixed
-        loss, _ = joint_flow_matching_loss(model.transformer, ctx, x0, a0, s, ev, ea, cfg.action_weight)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.transformer.parameters(), 1.0)
-        opt.step()
-        losses.append(loss.item())
-        window.append(loss.item())
-        if step % cfg.eval_every == 0 or step == cfg.steps:
-            held = heldout_loss(model, heldout, cfg)["loss"]
-            curve.append((step, float(np.mean(window)), held))
-            window = []
-            bar.set_postfix(train=f"{curve[-1][1]:.3f}", heldout=f"{held:.3f}")
+    try:
+        for step in bar:
+            rows = torch.randint(0, train.rows, (cfg.batch_size,), generator=g)
+            x0, a0, s, ev, ea = _draw(train, rows, g)
+            hist, feats = _trained_features(model, train, rows.to(train.row_example.device), cfg.train_encoders)
+            ctx = model.context_from_features(hist, feats)  # projectors train; frozen encoders' features are fixed
+            loss, _ = joint_flow_matching_loss(model.transformer, ctx, x0, a0, s, ev, ea, cfg.action_weight)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(params, 1.0)
+            opt.step()
+            losses.append(loss.item())
+            window.append(loss.item())
+            if step % cfg.eval_every == 0 or step == cfg.steps:
+                held = heldout_loss(model, heldout, cfg)["loss"]
+                curve.append((step, float(np.mean(window)), held))
+                window = []
+                bar.set_postfix(train=f"{curve[-1][1]:.3f}", heldout=f"{held:.3f}")
+    finally:
+        for module in encoders:
+            freeze(module)
     model.eval()
+    if encoders:
+        refresh_features(model, train, cfg.train_encoders)
+        refresh_features(model, heldout, cfg.train_encoders)
     final = heldout_loss(model, heldout, cfg)
     return {"initial_heldout": initial, "final_heldout": final, "curve": curve, "train_losses": losses}
 
