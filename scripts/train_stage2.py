@@ -41,6 +41,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", help="WNMConfig override")
     p.add_argument("--scenes", type=int, default=200, help="scenes of the round-0 collection (default 200)")
     p.add_argument("--episodes-per-scene", type=int, default=4, help="episodes per scene (default 4)")
+    p.add_argument(
+        "--goal-variants",
+        type=int,
+        default=1,
+        help="goals every round-0 trajectory is labelled for (synthesize_gn0_collection.py --goal-variants; default 1)",
+    )
     p.add_argument("--rounds", type=int, default=2, help="rounds in all, round 0 included (default 2)")
     p.add_argument("--dagger-scenes", type=int, default=100, help="fresh scenes per DAgger round (default 100)")
     p.add_argument("--beta0", type=float, default=0.5, help="expert share of round 1 (default 0.5)")
@@ -87,6 +93,7 @@ def _synthesize(args, out: Path) -> None:
         "--occupancy-dir", str(out.with_name(out.name + "_occ")), "--num-scenes", str(args.scenes),
         "--episodes-per-scene", str(args.episodes_per_scene), "--seed", str(args.seed), "--workers",
         str(args.workers), "--level", args.level, "--image-size", *map(str, args.image_size),
+        "--goal-variants", str(args.goal_variants),
     ]  # fmt: skip
     _log(" ".join(cmd[1:]))
     subprocess.run(cmd, check=True)
@@ -156,7 +163,7 @@ def _check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> No
 
     if args.level not in LEVELS:
         parser.error(f"--level: unknown {args.level!r}; choose one of {sorted(LEVELS)}")
-    for flag in ("scenes", "episodes_per_scene", "rounds", "dagger_scenes", "sft_steps", "round_steps",
+    for flag in ("scenes", "episodes_per_scene", "goal_variants", "rounds", "dagger_scenes", "sft_steps", "round_steps",
                  "batch_size", "eval_scenes", "eval_episodes", "probe_states", "workers"):  # fmt: skip
         if getattr(args, flag) < 1:
             parser.error(f"--{flag.replace('_', '-')} must be >= 1, got {getattr(args, flag)}")
@@ -318,12 +325,15 @@ def main(argv: list[str] | None = None) -> int:
                 "trained_encoders": list(train_encoders),
                 "initial_heldout_loss": result["initial_heldout"],
                 "final_heldout_loss": result["final_heldout"],
+                "instruction_gap": result["instruction_gap"],
                 "arguments": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
             }
             model.eval()
             save_wnm_checkpoint(model.to("cpu"), ckpt, prov, readme=_readme(ckpt.name, args, rnd, prov, None))
             _log(f"round {rnd}: SFT {steps} steps, held-out loss {result['initial_heldout']['loss']:.3f} -> "
-                 f"{result['final_heldout']['loss']:.3f} (action {result['final_heldout']['action']:.3f})")  # fmt: skip
+                 f"{result['final_heldout']['loss']:.3f} (action {result['final_heldout']['action']:.3f}); action loss "
+                 f"with another episode's instruction {result['instruction_gap']['action_swapped']:.3f} (gap "
+                 f"{result['instruction_gap']['gap']:+.4f})")  # fmt: skip
         else:  # resumed: the earlier rounds' rows were encoded by older encoders; describe them with this round's
             steps_total += steps
             sft.refresh_features(model, train_all, train_encoders)

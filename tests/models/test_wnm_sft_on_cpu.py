@@ -133,6 +133,14 @@ def test_split_episode_ids_matches_split_by_episode(tmp_path):
     assert sorted({e.episode_id for e in he}) == held and len(tr) == 36
 
 
+def test_goal_variants_are_held_out_with_their_episode():
+    ids = [f"s0000_e{i:03d}" for i in range(10)] + [f"s0000_e{i:03d}_g{k}" for i in range(10) for k in (1, 2)]
+    assert sft.episode_group("s0000_e003_g2") == "s0000_e003" and sft.episode_group("s0000_e003") == "s0000_e003"
+    train, held = sft.split_episode_ids(ids, 0.2, seed=1)
+    assert len(held) == 6 and len(train) == 24  # 2 of 10 driven episodes, each with its 2 variants
+    assert not {sft.episode_group(e) for e in train} & {sft.episode_group(e) for e in held}
+
+
 def test_concat_reoffsets_examples():
     def rows(n_ex, per):
         return sft.EncodedRows(
@@ -182,6 +190,22 @@ def test_training_the_builtin_encoders_changes_them_and_refreshes_the_cache(tmp_
         torch.testing.assert_close(
             rows.geometry, model.geometry_encoder(torch.from_numpy(np.stack([e.history for e in examples])))
         )
+
+
+def test_instruction_gap_is_zero_when_every_row_has_the_same_instruction(tmp_path):
+    root = _write_collection(tmp_path / "gn0", episodes=3)  # every episode: ["go ahead", "drive forward"]
+    examples = sft.load_expert_examples(root, 33, (64, 64), progress=False)
+    torch.manual_seed(0)
+    model = WNMModel(WNMConfig.from_size("tiny", num_layers=1))
+    rows = sft.encode_examples(model, examples, progress=False, calibrate=True)
+    cfg = sft.SFTConfig(eval_rows=6)
+    gap = sft.instruction_gap(model, rows, cfg)
+    # Rows 0..5 alternate the two variants; the swap moves each row by 3, onto the other variant, so text differs.
+    assert gap["action"] > 0 and gap["gap"] == pytest.approx(gap["action_swapped"] - gap["action"])
+    same = sft.SFTConfig(eval_rows=2)  # rows 0 and 1 swap with each other: 2 // 2 = 1
+    rows.text[:] = rows.text[0]
+    rows.text_mask[:] = rows.text_mask[0]
+    assert sft.instruction_gap(model, rows, same)["gap"] == 0.0
 
 
 def test_train_encoders_refuses_unknown_names():

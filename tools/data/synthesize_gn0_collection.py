@@ -43,6 +43,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--image-size", type=int, nargs="+", default=[64], metavar="PX", help="frame size: S (square) or H W (64)"
     )
+    p.add_argument(
+        "--goal-variants",
+        type=int,
+        default=1,
+        help="goals each driven episode is labelled for: 1 = its own; K also relabels it toward K - 1 other objects "
+        "of the scene as extra episodes <id>_g<k>, so the instruction is needed to tell the labels apart (default 1)",
+    )
     p.add_argument("--seed", type=int, default=0, help="collection seed (default 0)")
     p.add_argument("--workers", type=int, default=1, help="worker processes (default 1)")
     p.add_argument("--fps", type=int, default=4, help="video frame rate (default 4)")
@@ -78,7 +85,11 @@ def make_config(args: argparse.Namespace) -> SynthesisConfig:
         )
         collector = CollectorConfig(fps=args.fps, camera=camera)
     return SynthesisConfig(
-        num_scenes=args.num_scenes, episodes_per_scene=args.episodes_per_scene, floorplan=floorplan, collector=collector
+        num_scenes=args.num_scenes,
+        episodes_per_scene=args.episodes_per_scene,
+        floorplan=floorplan,
+        collector=collector,
+        goal_variants=args.goal_variants,
     )
 
 

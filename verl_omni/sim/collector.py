@@ -432,6 +432,8 @@ class SynthesisConfig:
         floorplan: Floor-plan generator parameters.
         collector: Episode collection parameters.
         plan_attempts: Floor plans tried per scene before giving up.
+        goal_variants: Goals each driven episode is labelled for (1: its own; K: also K - 1 other objects of the
+            scene, see :func:`goal_variant_episodes`).
     """
 
     num_scenes: int = 4
@@ -439,8 +441,11 @@ class SynthesisConfig:
     floorplan: FloorPlanConfig = field(default_factory=FloorPlanConfig)
     collector: CollectorConfig = field(default_factory=CollectorConfig)
     plan_attempts: int = 5
+    goal_variants: int = 1
 
     def __post_init__(self) -> None:
+        if self.goal_variants < 1:
+            raise ValueError(f"SynthesisConfig.goal_variants: must be >= 1, got {self.goal_variants}")
         if self.num_scenes < 1:
             raise ValueError(f"SynthesisConfig.num_scenes: must be >= 1, got {self.num_scenes}")
         if self.episodes_per_scene < 1:
@@ -461,6 +466,7 @@ class SynthesisConfig:
             "seed": int(seed),
             "num_scenes": self.num_scenes,
             "num_episodes": self.num_scenes * self.episodes_per_scene,
+            "goal_variants": self.goal_variants,
             "history_frames": self.collector.history_frames,
             "target_frames": self.collector.target_frames,
             "generator": {
@@ -530,6 +536,11 @@ def synthesize_scene(
     for k, eseq in enumerate(episode_seqs):
         episode = collect_episode(plan, renderer, base, f"{scene_id}_e{k:03d}", cc, np.random.default_rng(eseq))
         episodes.append(episode)
+        if cfg.goal_variants > 1:
+            from verl_omni.sim.goal_variants import goal_variant_episodes  # builds on this module's labelling
+
+            key = [int(seed), int(scene_index), k]
+            episodes += goal_variant_episodes(plan, renderer, base, episode, cfg.goal_variants - 1, cc, key)
     plan.save(Path(occupancy_root) / scene_id)
     events: Counter = Counter()
     frames = queries = 0

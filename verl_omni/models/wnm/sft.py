@@ -12,6 +12,7 @@ reference_stop)``; one row per instruction variant. Whole episodes are held out 
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -154,15 +155,28 @@ def subsample(examples: list[ExpertExample], max_examples: int) -> list[ExpertEx
     return [examples[i] for i in keep]
 
 
+_GOAL_VARIANT_SUFFIX = re.compile(r"_g\d+$")
+
+
+def episode_group(episode_id: str) -> str:
+    """The driven episode an id belongs to: goal variants ``<id>_g<k>`` (same states, other goal) go with ``<id>``."""
+    return _GOAL_VARIANT_SUFFIX.sub("", episode_id)
+
+
 def split_episode_ids(episode_ids: list[str], heldout_fraction: float, seed: int) -> tuple[list[str], list[str]]:
-    """Holds out whole episodes (at least one, at most all but one). Returns ``(train_ids, heldout_ids)``, sorted."""
+    """Holds out whole driven episodes with all their goal variants (at least one, at most all but one).
+
+    Returns:
+        ``(train_ids, heldout_ids)``, sorted.
+    """
+    groups = sorted({episode_group(e) for e in episode_ids})
+    if len(groups) < 2:
+        raise ValueError(f"need >= 2 episodes to hold one out, the collection has {len(groups)}")
+    order = np.random.default_rng(seed).permutation(len(groups))
+    n_held = min(len(groups) - 1, max(1, round(heldout_fraction * len(groups))))
+    held = {groups[i] for i in order[:n_held]}
     episodes = sorted(set(episode_ids))
-    if len(episodes) < 2:
-        raise ValueError(f"need >= 2 episodes to hold one out, the collection has {len(episodes)}")
-    order = np.random.default_rng(seed).permutation(len(episodes))
-    n_held = min(len(episodes) - 1, max(1, round(heldout_fraction * len(episodes))))
-    held = {episodes[i] for i in order[:n_held]}
-    return [e for e in episodes if e not in held], [e for e in episodes if e in held]
+    return [e for e in episodes if episode_group(e) not in held], [e for e in episodes if episode_group(e) in held]
 
 
 def split_by_episode(examples: list[ExpertExample], heldout_fraction: float, seed: int):
@@ -450,6 +464,39 @@ def heldout_loss(model: WNMModel, data: EncodedRows, cfg: SFTConfig) -> dict[str
     return totals
 
 
+@torch.no_grad()
+def instruction_gap(model: WNMModel, data: EncodedRows, cfg: SFTConfig) -> dict[str, float]:
+    """Held-out action loss with each row's own instruction and with the instruction of another row.
+
+    Same rows, noise and sigmas for both (as :func:`heldout_loss`); the other row is half the evaluated rows
+    away, so in episode order it is of another episode. A model that reads its instruction loses accuracy
+    when it is swapped (``gap > 0``); a model that ignores it scores the same.
+
+    Returns:
+        ``{"action": loss with the own instruction, "action_swapped": with another's, "gap": their difference}``.
+    """
+    was_training = model.transformer.training
+    model.transformer.eval()
+    g = torch.Generator().manual_seed(54321)
+    rows = torch.arange(min(cfg.eval_rows, data.rows))
+    other = rows.roll(len(rows) // 2)
+    sigma = (torch.arange(len(rows)) + 0.5) / len(rows)
+    totals = {"action": 0.0, "action_swapped": 0.0}
+    dev = data.row_example.device
+    for chunk, chunk_other in zip(rows.split(16), other.split(16), strict=True):
+        x0, a0, s, ev, ea = _draw(data, chunk, g, sigma[chunk])
+        hist, feats = _trained_features(model, data, chunk.to(dev), ())
+        _, feats_other = _trained_features(model, data, chunk_other.to(dev), ())
+        w = len(chunk) / len(rows)
+        for key, text in (("action", feats), ("action_swapped", feats_other)):
+            ctx = model.context_from_features(hist, {**feats, "text": text["text"], "text_mask": text["text_mask"]})
+            _, parts = joint_flow_matching_loss(model.transformer, ctx, x0, a0, s, ev, ea, cfg.action_weight)
+            totals[key] += parts["action"] * w
+    model.transformer.train(was_training)
+    totals["gap"] = totals["action_swapped"] - totals["action"]
+    return totals
+
+
 def _trainable_encoders(model: WNMModel, names: tuple[str, ...]) -> list[torch.nn.Module]:
     modules = []
     for name in names:
@@ -471,7 +518,8 @@ def train_sft(model: WNMModel, train: EncodedRows, heldout: EncodedRows, cfg: SF
     recomputed with their new weights.
 
     Returns:
-        ``{"initial_heldout", "final_heldout", "curve": [(step, train_loss_avg, heldout_loss)], "train_losses"}``.
+        ``{"initial_heldout", "final_heldout", "instruction_gap"`` (:func:`instruction_gap` of the held-out rows)
+        ``, "curve": [(step, train_loss_avg, heldout_loss)], "train_losses"}``.
     """
     encoders = _trainable_encoders(model, cfg.train_encoders)
     params = list(model.transformer.parameters())
@@ -511,7 +559,13 @@ def train_sft(model: WNMModel, train: EncodedRows, heldout: EncodedRows, cfg: SF
         refresh_features(model, train, cfg.train_encoders)
         refresh_features(model, heldout, cfg.train_encoders)
     final = heldout_loss(model, heldout, cfg)
-    return {"initial_heldout": initial, "final_heldout": final, "curve": curve, "train_losses": losses}
+    return {
+        "initial_heldout": initial,
+        "final_heldout": final,
+        "instruction_gap": instruction_gap(model, heldout, cfg),
+        "curve": curve,
+        "train_losses": losses,
+    }
 
 
 def fit_action_normalization(examples: list[ExpertExample]) -> ActionNormalization:
