@@ -39,18 +39,19 @@ def _copy(model, mode):
 
 def _masked_reference(model, x, a, s, ctx):
     """Full-sequence forward where diffusers' attn1 processor gets a mask: history rows see history columns only."""
-    from verl_omni.models.wnm import transformer
+    # The block resolves _self_attention in its own module's namespace, so that is where it is swapped.
+    from verl_omni.models.wnm import block
 
     nh = model.sequence_layout()["history"].stop
     seq = model.config.sequence_length
     mask = torch.ones(seq, seq, dtype=torch.bool)
     mask[:nh, nh:] = False
-    saved = transformer._self_attention
+    saved = block._self_attention
     try:
-        transformer._self_attention = lambda attn, h, rope, prefix, backend: (attn(h, None, mask, rope), None)
+        block._self_attention = lambda attn, h, rope, prefix, backend: (attn(h, None, mask, rope), None)
         return model(x, a, s, ctx)
     finally:
-        transformer._self_attention = saved
+        block._self_attention = saved
 
 
 def test_isolated_equals_block_masked_full_attention(model):

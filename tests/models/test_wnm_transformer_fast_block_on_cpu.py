@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from verl_omni.models.wnm import WNMConfig, WNMContext, WNMTransformer
-from verl_omni.models.wnm.transformer import _self_attention
+from verl_omni.models.wnm.attention import _self_attention
 
 torch.set_num_threads(1)
 

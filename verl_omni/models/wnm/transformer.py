@@ -16,324 +16,45 @@ Parameter names of the video part equal those of diffusers' ``WanTransformer3DMo
 ``condition_embedder``, ``blocks.N``, ``proj_out``, ``scale_shift_table``), so a Wan2.x diffusers state dict
 initialises it through :meth:`WNMTransformer.load_wan_video_weights`. The action embedder/head and the
 image/geometry projectors are ours.
+
+This module holds the top-level model (embeddings, sequence layout, heads, forward, Wan weight loading); the
+block is in ``block.py``, its attention in ``attention.py`` and the context container/projector in
+``context.py``; their public names are re-exported here.
 """
 
 from __future__ import annotations
 
 import math
 import types
-from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 from diffusers.models.normalization import FP32LayerNorm
-from diffusers.models.transformers.transformer_wan import WanTimeTextImageEmbedding, WanTransformerBlock
+from diffusers.models.transformers.transformer_wan import WanTimeTextImageEmbedding
 
+from .attention import ATTENTION_BACKENDS
+from .block import WNMTransformerBlock
 from .config import WNMConfig
+from .context import WNMContext, _FeatureProjector
 from .rope import joint_sequence_rope
+
+# Re-exported: callers and tests import these from here (the module they lived in before the split).
+__all__ = [
+    "ATTENTION_BACKENDS",
+    "WAN_VIDEO_PREFIXES",
+    "WNMContext",
+    "WNMTransformer",
+    "WNMTransformerBlock",
+    "is_wan_video_key",
+]
 
 # Keys (prefixes) of the Wan-compatible video part; everything else in our state dict is WNM-specific.
 WAN_VIDEO_PREFIXES = ("patch_embedding.", "condition_embedder.", "blocks.", "proj_out.", "scale_shift_table")
 
 
 def is_wan_video_key(key: str) -> bool:
+    """True for a state-dict key of the Wan-compatible video part (see :data:`WAN_VIDEO_PREFIXES`)."""
     return any(key == p or key.startswith(p) for p in WAN_VIDEO_PREFIXES)
-
-
-@dataclass
-class WNMContext:
-    """Conditioning of one or more samples, computed once per prompt by the frozen encoders.
-
-    Attributes:
-        history_latents: ``[B, C, Th', h, w]`` normalized VAE latents of the 33 history frames.
-        encoder_tokens: ``[B, L, D]`` text, image and geometry tokens, already projected to the DiT width.
-        encoder_mask: ``[B, L]`` bool, True = attend; None = attend to all.
-        history_kv: Per-block ``(key, value)`` of the history tokens, each ``[B, Nh, heads, head_dim]``, for
-            models with ``history_attention == "isolated"`` (see :meth:`WNMTransformer.history_kv`); None =
-            computed inside the forward.
-    """
-
-    history_latents: torch.Tensor
-    encoder_tokens: torch.Tensor
-    encoder_mask: torch.Tensor | None = None
-    history_kv: tuple[tuple[torch.Tensor, torch.Tensor], ...] | None = None
-
-    def __post_init__(self) -> None:
-        b = self.history_latents.shape[0]
-        if self.history_latents.ndim != 5:
-            raise ValueError(
-                f"WNMContext.history_latents must be [B, C, T, h, w], got {tuple(self.history_latents.shape)}"
-            )
-        if self.encoder_tokens.ndim != 3 or self.encoder_tokens.shape[0] != b:
-            raise ValueError(f"WNMContext.encoder_tokens must be [B={b}, L, D], got {tuple(self.encoder_tokens.shape)}")
-        if self.encoder_mask is not None and (
-            self.encoder_mask.dtype != torch.bool
-            or tuple(self.encoder_mask.shape) != tuple(self.encoder_tokens.shape[:2])
-        ):
-            raise ValueError(
-                f"WNMContext.encoder_mask must be bool [B, L]={tuple(self.encoder_tokens.shape[:2])}, got "
-                f"{self.encoder_mask.dtype} {tuple(self.encoder_mask.shape)}"
-            )
-
-    @property
-    def batch_size(self) -> int:
-        return self.history_latents.shape[0]
-
-    def select(self, index: torch.Tensor) -> WNMContext:
-        """Gathers rows (e.g. ``index = prompt_of_rollout`` to share one encoded prompt across its rollouts)."""
-        index = index.to(self.history_latents.device, torch.long)
-        kv = None
-        if self.history_kv is not None:
-            kv = tuple((k.index_select(0, index), v.index_select(0, index)) for k, v in self.history_kv)
-        return WNMContext(
-            history_latents=self.history_latents.index_select(0, index),
-            encoder_tokens=self.encoder_tokens.index_select(0, index),
-            encoder_mask=None if self.encoder_mask is None else self.encoder_mask.index_select(0, index),
-            history_kv=kv,
-        )
-
-    def to(self, device: torch.device | str | None = None, dtype: torch.dtype | None = None) -> WNMContext:
-        """Moves tensors; ``dtype`` applies to the float tensors only (the mask stays bool)."""
-        kv = None
-        if self.history_kv is not None:
-            kv = tuple((k.to(device=device, dtype=dtype), v.to(device=device, dtype=dtype)) for k, v in self.history_kv)
-        return WNMContext(
-            history_latents=self.history_latents.to(device=device, dtype=dtype),
-            encoder_tokens=self.encoder_tokens.to(device=device, dtype=dtype),
-            encoder_mask=None if self.encoder_mask is None else self.encoder_mask.to(device=device),
-            history_kv=kv,
-        )
-
-    def with_history_kv(self, history_kv) -> WNMContext:
-        """The same context carrying precomputed history keys/values (one entry per block)."""
-        return WNMContext(self.history_latents, self.encoder_tokens, self.encoder_mask, tuple(history_kv))
-
-
-def _slow_path() -> bool:
-    """True where the grouped elementwise ops must be out-of-place (autograd) or are fused anyway (inductor)."""
-    return torch.is_grad_enabled() or torch.compiler.is_compiling()
-
-
-def _modulate(
-    x: torch.Tensor, scale: torch.Tensor, shift: torch.Tensor, lengths: list[int] | None, dtype: torch.dtype
-) -> torch.Tensor:
-    """``(x * (1 + scale) + shift).to(dtype)`` with one (scale, shift) per token group.
-
-    Args:
-        x: ``[B, S, D]`` fp32 (the normed activations).
-        scale: ``[B, G, D]`` fp32 (``G = 1`` without ``lengths``).
-        shift: ``[B, G, D]`` fp32.
-        lengths: The G consecutive group lengths along the sequence, or None for a single group.
-        dtype: Output dtype (the activation dtype).
-
-    Returns:
-        ``[B, S, D]`` in ``dtype``.
-    """
-    if lengths is None:
-        return (x * (1 + scale) + shift).to(dtype)
-    if _slow_path():
-        parts = x.split(lengths, dim=1)
-        return torch.cat([p * (1 + scale[:, g : g + 1]) + shift[:, g : g + 1] for g, p in enumerate(parts)], 1).to(
-            dtype
-        )
-    # Inference, eager: each group writes its slice of one output, and the add writes the activation dtype
-    # directly (computed in fp32, rounded once on store), so neither a concatenated fp32 copy nor a separate
-    # cast pass exists. Same operations in the same order as above, hence the same bits.
-    out = torch.empty(x.shape, dtype=dtype, device=x.device)
-    tmp = torch.empty_like(x[:, : max(lengths)])
-    start = 0
-    for g, n in enumerate(lengths):
-        t = tmp[:, :n]
-        torch.mul(x[:, start : start + n], 1 + scale[:, g : g + 1], out=t)
-        torch.add(t, shift[:, g : g + 1], out=out[:, start : start + n])
-        start += n
-    return out
-
-
-def _gate(
-    x: torch.Tensor, y: torch.Tensor, gate: torch.Tensor, lengths: list[int] | None, dtype: torch.dtype
-) -> torch.Tensor:
-    """``(x.float() + y * gate).to(dtype)`` with one gate per token group (see :func:`_modulate`).
-
-    Args:
-        x: ``[B, S, D]`` residual stream (any float dtype; added in fp32).
-        y: ``[B, S, D]`` branch output.
-        gate: ``[B, G, D]`` fp32.
-        lengths: Group lengths, or None for a single group.
-        dtype: Output dtype.
-    """
-    if lengths is None:
-        return (x.float() + y * gate).to(dtype)
-    if _slow_path():
-        parts = y.split(lengths, dim=1)
-        return (x.float() + torch.cat([p * gate[:, g : g + 1] for g, p in enumerate(parts)], dim=1)).to(dtype)
-    # Inference, eager: the residual is read in its own dtype and widened inside the add (no fp32 copy of x),
-    # and the sum is stored in ``dtype`` directly. fp32 addition commutes, so the bits are those of the form above.
-    out = torch.empty(x.shape, dtype=dtype, device=x.device)
-    tmp = torch.empty(y[:, : max(lengths)].shape, dtype=torch.promote_types(y.dtype, gate.dtype), device=y.device)
-    start = 0
-    for g, n in enumerate(lengths):
-        t = tmp[:, :n]
-        torch.mul(y[:, start : start + n], gate[:, g : g + 1], out=t)
-        torch.add(t, x[:, start : start + n], out=out[:, start : start + n])
-        start += n
-    return out
-
-
-def _apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Wan's rotary embedding on interleaved pairs: ``x [B, S, H, Dh]``, ``cos/sin [1, S, 1, Dh]``."""
-    even, odd = x.unflatten(-1, (-1, 2)).unbind(-1)
-    c, s = cos[..., 0::2], sin[..., 1::2]
-    return torch.stack([even * c - odd * s, even * s + odd * c], dim=-1).flatten(-2).type_as(x)
-
-
-# Scaled-dot-product attention backends. "default": PyTorch's own choice (flash attention 2 for bf16 on Hopper),
-# which is what diffusers' native dispatch gets. "cudnn": cuDNN's fused attention where it applies (CUDA,
-# bf16/fp16, no mask), faster than flash attention 2 on Hopper; other calls keep the default choice.
-ATTENTION_BACKENDS = ("default", "cudnn")
-
-
-def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, backend: str):
-    """Attention of ``q [B, S, H, Dh]`` over ``k, v [B, L, H, Dh]`` -> ``[B, S, H * Dh]`` (q's dtype).
-
-    ``mask``: ``[B, 1, 1, L]`` bool (True = attend) or None. Same call as diffusers' native dispatch (heads
-    moved to dim 1 as strided views, no copies); ``backend`` picks the kernel family (:data:`ATTENTION_BACKENDS`).
-    """
-    q, k, v = (t.transpose(1, 2) for t in (q, k, v))
-    if backend == "cudnn" and mask is None and q.is_cuda and q.dtype in (torch.bfloat16, torch.float16):
-        from torch.nn.attention import SDPBackend, sdpa_kernel
-
-        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
-            out = F.scaled_dot_product_attention(q, k, v, dropout_p=0.0, is_causal=False)
-    else:
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=0.0, is_causal=False)
-    return out.transpose(1, 2).flatten(2, 3).type_as(q)
-
-
-def _self_attention(
-    attn, x: torch.Tensor, rotary_emb: tuple[torch.Tensor, torch.Tensor], prefix_kv, backend: str
-) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
-    """Wan self-attention whose keys/values are ``prefix_kv`` (if given) followed by ``x``'s own.
-
-    The same projections, q/k RMS norms, RoPE and attention call as diffusers' ``WanAttnProcessor``; it also
-    returns ``x``'s own (roped) keys and values so that a later call can attend to them.
-
-    Returns:
-        ``(output [B, S, D], (key, value) [B, S, heads, head_dim])``.
-    """
-    q = attn.norm_q(attn.to_q(x)).unflatten(2, (attn.heads, -1))
-    k = attn.norm_k(attn.to_k(x)).unflatten(2, (attn.heads, -1))
-    v = attn.to_v(x).unflatten(2, (attn.heads, -1))
-    q, k = _apply_rope(q, *rotary_emb), _apply_rope(k, *rotary_emb)
-    keys, values = (k, v) if prefix_kv is None else (torch.cat([prefix_kv[0], k], 1), torch.cat([prefix_kv[1], v], 1))
-    out = _attention(q, keys, values, None, backend)
-    return attn.to_out[1](attn.to_out[0](out)), (k, v)
-
-
-def _cross_attention(attn, x: torch.Tensor, context: torch.Tensor, mask: torch.Tensor | None, backend: str):
-    """Wan cross-attention (``WanAttnProcessor`` without the I2V image branch): ``x [B, S, D]`` over
-    ``context [B, L, D]`` with ``mask [B, 1, 1, L]`` or None -> ``[B, S, D]``."""
-    q = attn.norm_q(attn.to_q(x)).unflatten(2, (attn.heads, -1))
-    k = attn.norm_k(attn.to_k(context)).unflatten(2, (attn.heads, -1))
-    v = attn.to_v(context).unflatten(2, (attn.heads, -1))
-    return attn.to_out[1](attn.to_out[0](_attention(q, k, v, mask, backend)))
-
-
-class WNMTransformerBlock(WanTransformerBlock):
-    """diffusers' ``WanTransformerBlock`` (same modules and keys) with grouped modulation and a context mask.
-
-    The parent's forward takes either one modulation per sample or a full ``[B, S, 6, D]`` per-token table,
-    and never masks cross-attention. We need two modulation groups (clean history, noisy target + actions) and
-    a padding mask over the context tokens, so the forward is re-stated here with the parent's numerics (fp32
-    norms and modulation, rounded to the activation dtype); a test checks equality with the parent.
-
-    Where the time goes, and why it is written this way: at Wan-1.3B size the block's matmuls and attention
-    are a fixed cost shared with diffusers, and the rest is memory-bound elementwise work over ``[B, S, D]``
-    fp32 tensors (one pass is about 0.5 GB at batch 16). In eager inference the grouped modulation and gating
-    write straight into their output's slices in the activation dtype (:func:`_modulate`, :func:`_gate`)
-    instead of splitting, concatenating and casting; compiled, inductor fuses either form.
-    """
-
-    # Activation checkpointing happens inside the block's forward, i.e. inside FSDP2's per-block hooks, so the
-    # recomputation sees the same (already cast, already gathered) inputs as the first pass.
-    activation_checkpointing = False
-    # Attention kernel family (ATTENTION_BACKENDS); set for all blocks through WNMTransformer.attention_backend.
-    attention_backend = "default"
-
-    def forward(self, *args, **kwargs):  # type: ignore[override]
-        """Runs :meth:`block_forward`, under activation checkpointing when it is on and grad is enabled."""
-        if self.activation_checkpointing and torch.is_grad_enabled():
-            return torch.utils.checkpoint.checkpoint(self.block_forward, *args, use_reentrant=False, **kwargs)
-        return self.block_forward(*args, **kwargs)
-
-    def block_forward(
-        self,
-        hidden_states: torch.Tensor,
-        encoder_hidden_states: torch.Tensor,
-        temb: torch.Tensor,
-        rotary_emb: tuple[torch.Tensor, torch.Tensor],
-        encoder_attention_mask: torch.Tensor | None = None,
-        group_lengths: list[int] | None = None,
-        prefix_kv: tuple[torch.Tensor, torch.Tensor] | None = None,
-        return_kv: bool = False,
-    ) -> torch.Tensor | tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
-        """Runs the block.
-
-        Args:
-            hidden_states: ``[B, S, D]``.
-            encoder_hidden_states: ``[B, L, D]``.
-            temb: ``[B, 6, D]`` (one group) or ``[B, G, 6, D]`` with ``group_lengths`` summing to S.
-            rotary_emb: ``(cos, sin)`` each ``[1, S, 1, head_dim]``.
-            encoder_attention_mask: ``[B, L]`` bool (True = attend) or None.
-            group_lengths: Token counts of the G modulation groups, or None for ``temb [B, 6, D]``.
-            prefix_kv: Keys/values ``[B, P, heads, head_dim]`` that self-attention sees before this sequence's
-                own (the history of an ``isolated`` model); the P prefix tokens are not updated.
-            return_kv: Also return this sequence's own self-attention ``(key, value)``.
-
-        Returns:
-            ``[B, S, D]``, or ``([B, S, D], (key, value))`` with ``return_kv``.
-        """
-        if temb.ndim == 4:
-            if group_lengths is None or len(group_lengths) != temb.shape[1]:
-                raise ValueError("grouped temb [B, G, 6, D] needs group_lengths with G entries")
-            mods = (self.scale_shift_table.unsqueeze(0) + temb.float()).unbind(dim=2)  # 6 x [B, G, D]
-        else:
-            mods = (self.scale_shift_table + temb.float()).unbind(dim=1)  # 6 x [B, D]
-            mods = tuple(m.unsqueeze(1) for m in mods)
-            group_lengths = None
-        shift_msa, scale_msa, gate_msa, c_shift_msa, c_scale_msa, c_gate_msa = mods
-        dtype, backend = hidden_states.dtype, self.attention_backend
-
-        # 1. Self-attention over the joint sequence.
-        normed = _modulate(self.norm1(hidden_states.float()), scale_msa, shift_msa, group_lengths, dtype)
-        attn_output, kv = _self_attention(self.attn1, normed, rotary_emb, prefix_kv, backend)
-        hidden_states = _gate(hidden_states, attn_output, gate_msa, group_lengths, dtype)
-
-        # 2. Cross-attention to the context; the mask broadcasts over heads and queries.
-        mask = None if encoder_attention_mask is None else encoder_attention_mask[:, None, None, :]
-        normed = self.norm2(hidden_states.float()).type_as(hidden_states)
-        hidden_states = hidden_states + _cross_attention(self.attn2, normed, encoder_hidden_states, mask, backend)
-
-        # 3. Feed-forward.
-        normed = _modulate(self.norm3(hidden_states.float()), c_scale_msa, c_shift_msa, group_lengths, dtype)
-        ff_output = self.ffn(normed)
-        hidden_states = _gate(hidden_states, ff_output, c_gate_msa, group_lengths, encoder_hidden_states.dtype)
-        return (hidden_states, kv) if return_kv else hidden_states
-
-
-class _FeatureProjector(nn.Module):
-    """LayerNorm + 2-layer GELU MLP from an encoder's feature width to the DiT width."""
-
-    def __init__(self, in_dim: int, dim: int, eps: float) -> None:
-        super().__init__()
-        self.norm = FP32LayerNorm(in_dim, eps)
-        self.linear_1 = nn.Linear(in_dim, dim)
-        self.linear_2 = nn.Linear(dim, dim)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = self.norm(x.float()).type_as(x)
-        return self.linear_2(F.gelu(self.linear_1(h), approximate="tanh"))
 
 
 class WNMTransformer(nn.Module):

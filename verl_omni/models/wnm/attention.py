@@ -1,0 +1,70 @@
+"""Attention of the WNM transformer blocks: Wan's RoPE, the scaled-dot-product backends, self/cross-attention.
+
+These restate diffusers' ``WanAttnProcessor`` (same projections, q/k RMS norms, RoPE and attention call, so the
+same numerics) with two additions the joint model needs: self-attention can attend to cached prefix keys/values
+(the history of an ``isolated`` model), and the kernel family is selectable (:data:`ATTENTION_BACKENDS`).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def _apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Wan's rotary embedding on interleaved pairs: ``x [B, S, H, Dh]``, ``cos/sin [1, S, 1, Dh]``."""
+    even, odd = x.unflatten(-1, (-1, 2)).unbind(-1)
+    c, s = cos[..., 0::2], sin[..., 1::2]
+    return torch.stack([even * c - odd * s, even * s + odd * c], dim=-1).flatten(-2).type_as(x)
+
+
+# Scaled-dot-product attention backends. "default": PyTorch's own choice (flash attention 2 for bf16 on Hopper),
+# which is what diffusers' native dispatch gets. "cudnn": cuDNN's fused attention where it applies (CUDA,
+# bf16/fp16, no mask), faster than flash attention 2 on Hopper; other calls keep the default choice.
+ATTENTION_BACKENDS = ("default", "cudnn")
+
+
+def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, backend: str):
+    """Attention of ``q [B, S, H, Dh]`` over ``k, v [B, L, H, Dh]`` -> ``[B, S, H * Dh]`` (q's dtype).
+
+    ``mask``: ``[B, 1, 1, L]`` bool (True = attend) or None. Same call as diffusers' native dispatch (heads
+    moved to dim 1 as strided views, no copies); ``backend`` picks the kernel family (:data:`ATTENTION_BACKENDS`).
+    """
+    q, k, v = (t.transpose(1, 2) for t in (q, k, v))
+    if backend == "cudnn" and mask is None and q.is_cuda and q.dtype in (torch.bfloat16, torch.float16):
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+            out = F.scaled_dot_product_attention(q, k, v, dropout_p=0.0, is_causal=False)
+    else:
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=0.0, is_causal=False)
+    return out.transpose(1, 2).flatten(2, 3).type_as(q)
+
+
+def _self_attention(
+    attn, x: torch.Tensor, rotary_emb: tuple[torch.Tensor, torch.Tensor], prefix_kv, backend: str
+) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+    """Wan self-attention whose keys/values are ``prefix_kv`` (if given) followed by ``x``'s own.
+
+    The same projections, q/k RMS norms, RoPE and attention call as diffusers' ``WanAttnProcessor``; it also
+    returns ``x``'s own (roped) keys and values so that a later call can attend to them.
+
+    Returns:
+        ``(output [B, S, D], (key, value) [B, S, heads, head_dim])``.
+    """
+    q = attn.norm_q(attn.to_q(x)).unflatten(2, (attn.heads, -1))
+    k = attn.norm_k(attn.to_k(x)).unflatten(2, (attn.heads, -1))
+    v = attn.to_v(x).unflatten(2, (attn.heads, -1))
+    q, k = _apply_rope(q, *rotary_emb), _apply_rope(k, *rotary_emb)
+    keys, values = (k, v) if prefix_kv is None else (torch.cat([prefix_kv[0], k], 1), torch.cat([prefix_kv[1], v], 1))
+    out = _attention(q, keys, values, None, backend)
+    return attn.to_out[1](attn.to_out[0](out)), (k, v)
+
+
+def _cross_attention(attn, x: torch.Tensor, context: torch.Tensor, mask: torch.Tensor | None, backend: str):
+    """Wan cross-attention (``WanAttnProcessor`` without the I2V image branch): ``x [B, S, D]`` over
+    ``context [B, L, D]`` with ``mask [B, 1, 1, L]`` or None -> ``[B, S, D]``."""
+    q = attn.norm_q(attn.to_q(x)).unflatten(2, (attn.heads, -1))
+    k = attn.norm_k(attn.to_k(context)).unflatten(2, (attn.heads, -1))
+    v = attn.to_v(context).unflatten(2, (attn.heads, -1))
+    return attn.to_out[1](attn.to_out[0](_attention(q, k, v, mask, backend)))

@@ -1,0 +1,165 @@
+"""The WNM transformer block: diffusers' Wan block with grouped (clean / noisy) modulation and a context mask.
+
+The grouped modulation and gating helpers live here too, since only the block uses them; attention is in
+``attention.py``.
+"""
+
+from __future__ import annotations
+
+import torch
+from diffusers.models.transformers.transformer_wan import WanTransformerBlock
+
+from .attention import _cross_attention, _self_attention
+
+
+def _slow_path() -> bool:
+    """True where the grouped elementwise ops must be out-of-place (autograd) or are fused anyway (inductor)."""
+    return torch.is_grad_enabled() or torch.compiler.is_compiling()
+
+
+def _modulate(
+    x: torch.Tensor, scale: torch.Tensor, shift: torch.Tensor, lengths: list[int] | None, dtype: torch.dtype
+) -> torch.Tensor:
+    """``(x * (1 + scale) + shift).to(dtype)`` with one (scale, shift) per token group.
+
+    Args:
+        x: ``[B, S, D]`` fp32 (the normed activations).
+        scale: ``[B, G, D]`` fp32 (``G = 1`` without ``lengths``).
+        shift: ``[B, G, D]`` fp32.
+        lengths: The G consecutive group lengths along the sequence, or None for a single group.
+        dtype: Output dtype (the activation dtype).
+
+    Returns:
+        ``[B, S, D]`` in ``dtype``.
+    """
+    if lengths is None:
+        return (x * (1 + scale) + shift).to(dtype)
+    if _slow_path():
+        parts = x.split(lengths, dim=1)
+        return torch.cat([p * (1 + scale[:, g : g + 1]) + shift[:, g : g + 1] for g, p in enumerate(parts)], 1).to(
+            dtype
+        )
+    # Inference, eager: each group writes its slice of one output, and the add writes the activation dtype
+    # directly (computed in fp32, rounded once on store), so neither a concatenated fp32 copy nor a separate
+    # cast pass exists. Same operations in the same order as above, hence the same bits.
+    out = torch.empty(x.shape, dtype=dtype, device=x.device)
+    tmp = torch.empty_like(x[:, : max(lengths)])
+    start = 0
+    for g, n in enumerate(lengths):
+        t = tmp[:, :n]
+        torch.mul(x[:, start : start + n], 1 + scale[:, g : g + 1], out=t)
+        torch.add(t, shift[:, g : g + 1], out=out[:, start : start + n])
+        start += n
+    return out
+
+
+def _gate(
+    x: torch.Tensor, y: torch.Tensor, gate: torch.Tensor, lengths: list[int] | None, dtype: torch.dtype
+) -> torch.Tensor:
+    """``(x.float() + y * gate).to(dtype)`` with one gate per token group (see :func:`_modulate`).
+
+    Args:
+        x: ``[B, S, D]`` residual stream (any float dtype; added in fp32).
+        y: ``[B, S, D]`` branch output.
+        gate: ``[B, G, D]`` fp32.
+        lengths: Group lengths, or None for a single group.
+        dtype: Output dtype.
+    """
+    if lengths is None:
+        return (x.float() + y * gate).to(dtype)
+    if _slow_path():
+        parts = y.split(lengths, dim=1)
+        return (x.float() + torch.cat([p * gate[:, g : g + 1] for g, p in enumerate(parts)], dim=1)).to(dtype)
+    # Inference, eager: the residual is read in its own dtype and widened inside the add (no fp32 copy of x),
+    # and the sum is stored in ``dtype`` directly. fp32 addition commutes, so the bits are those of the form above.
+    out = torch.empty(x.shape, dtype=dtype, device=x.device)
+    tmp = torch.empty(y[:, : max(lengths)].shape, dtype=torch.promote_types(y.dtype, gate.dtype), device=y.device)
+    start = 0
+    for g, n in enumerate(lengths):
+        t = tmp[:, :n]
+        torch.mul(y[:, start : start + n], gate[:, g : g + 1], out=t)
+        torch.add(t, x[:, start : start + n], out=out[:, start : start + n])
+        start += n
+    return out
+
+
+class WNMTransformerBlock(WanTransformerBlock):
+    """diffusers' ``WanTransformerBlock`` (same modules and keys) with grouped modulation and a context mask.
+
+    The parent's forward takes either one modulation per sample or a full ``[B, S, 6, D]`` per-token table,
+    and never masks cross-attention. We need two modulation groups (clean history, noisy target + actions) and
+    a padding mask over the context tokens, so the forward is re-stated here with the parent's numerics (fp32
+    norms and modulation, rounded to the activation dtype); a test checks equality with the parent.
+
+    Where the time goes, and why it is written this way: at Wan-1.3B size the block's matmuls and attention
+    are a fixed cost shared with diffusers, and the rest is memory-bound elementwise work over ``[B, S, D]``
+    fp32 tensors (one pass is about 0.5 GB at batch 16). In eager inference the grouped modulation and gating
+    write straight into their output's slices in the activation dtype (:func:`_modulate`, :func:`_gate`)
+    instead of splitting, concatenating and casting; compiled, inductor fuses either form.
+    """
+
+    # Activation checkpointing happens inside the block's forward, i.e. inside FSDP2's per-block hooks, so the
+    # recomputation sees the same (already cast, already gathered) inputs as the first pass.
+    activation_checkpointing = False
+    # Attention kernel family (ATTENTION_BACKENDS); set for all blocks through WNMTransformer.attention_backend.
+    attention_backend = "default"
+
+    def forward(self, *args, **kwargs):  # type: ignore[override]
+        """Runs :meth:`block_forward`, under activation checkpointing when it is on and grad is enabled."""
+        if self.activation_checkpointing and torch.is_grad_enabled():
+            return torch.utils.checkpoint.checkpoint(self.block_forward, *args, use_reentrant=False, **kwargs)
+        return self.block_forward(*args, **kwargs)
+
+    def block_forward(
+        self,
+        hidden_states: torch.Tensor,
+        encoder_hidden_states: torch.Tensor,
+        temb: torch.Tensor,
+        rotary_emb: tuple[torch.Tensor, torch.Tensor],
+        encoder_attention_mask: torch.Tensor | None = None,
+        group_lengths: list[int] | None = None,
+        prefix_kv: tuple[torch.Tensor, torch.Tensor] | None = None,
+        return_kv: bool = False,
+    ) -> torch.Tensor | tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+        """Runs the block.
+
+        Args:
+            hidden_states: ``[B, S, D]``.
+            encoder_hidden_states: ``[B, L, D]``.
+            temb: ``[B, 6, D]`` (one group) or ``[B, G, 6, D]`` with ``group_lengths`` summing to S.
+            rotary_emb: ``(cos, sin)`` each ``[1, S, 1, head_dim]``.
+            encoder_attention_mask: ``[B, L]`` bool (True = attend) or None.
+            group_lengths: Token counts of the G modulation groups, or None for ``temb [B, 6, D]``.
+            prefix_kv: Keys/values ``[B, P, heads, head_dim]`` that self-attention sees before this sequence's
+                own (the history of an ``isolated`` model); the P prefix tokens are not updated.
+            return_kv: Also return this sequence's own self-attention ``(key, value)``.
+
+        Returns:
+            ``[B, S, D]``, or ``([B, S, D], (key, value))`` with ``return_kv``.
+        """
+        if temb.ndim == 4:
+            if group_lengths is None or len(group_lengths) != temb.shape[1]:
+                raise ValueError("grouped temb [B, G, 6, D] needs group_lengths with G entries")
+            mods = (self.scale_shift_table.unsqueeze(0) + temb.float()).unbind(dim=2)  # 6 x [B, G, D]
+        else:
+            mods = (self.scale_shift_table + temb.float()).unbind(dim=1)  # 6 x [B, D]
+            mods = tuple(m.unsqueeze(1) for m in mods)
+            group_lengths = None
+        shift_msa, scale_msa, gate_msa, c_shift_msa, c_scale_msa, c_gate_msa = mods
+        dtype, backend = hidden_states.dtype, self.attention_backend
+
+        # 1. Self-attention over the joint sequence.
+        normed = _modulate(self.norm1(hidden_states.float()), scale_msa, shift_msa, group_lengths, dtype)
+        attn_output, kv = _self_attention(self.attn1, normed, rotary_emb, prefix_kv, backend)
+        hidden_states = _gate(hidden_states, attn_output, gate_msa, group_lengths, dtype)
+
+        # 2. Cross-attention to the context; the mask broadcasts over heads and queries.
+        mask = None if encoder_attention_mask is None else encoder_attention_mask[:, None, None, :]
+        normed = self.norm2(hidden_states.float()).type_as(hidden_states)
+        hidden_states = hidden_states + _cross_attention(self.attn2, normed, encoder_hidden_states, mask, backend)
+
+        # 3. Feed-forward.
+        normed = _modulate(self.norm3(hidden_states.float()), c_scale_msa, c_shift_msa, group_lengths, dtype)
+        ff_output = self.ffn(normed)
+        hidden_states = _gate(hidden_states, ff_output, c_gate_msa, group_lengths, encoder_hidden_states.dtype)
+        return (hidden_states, kv) if return_kv else hidden_states

@@ -1,0 +1,98 @@
+"""The cross-attention context of the WNM transformer: the per-prompt conditioning and its feature projector.
+
+:class:`WNMContext` carries what the frozen encoders computed for a prompt (history latents, context tokens,
+optionally cached history keys/values); :class:`_FeatureProjector` maps an encoder's features to the DiT width
+(used by :meth:`WNMTransformer.project_context` for the image and geometry tokens).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from diffusers.models.normalization import FP32LayerNorm
+
+
+@dataclass
+class WNMContext:
+    """Conditioning of one or more samples, computed once per prompt by the frozen encoders.
+
+    Attributes:
+        history_latents: ``[B, C, Th', h, w]`` normalized VAE latents of the 33 history frames.
+        encoder_tokens: ``[B, L, D]`` text, image and geometry tokens, already projected to the DiT width.
+        encoder_mask: ``[B, L]`` bool, True = attend; None = attend to all.
+        history_kv: Per-block ``(key, value)`` of the history tokens, each ``[B, Nh, heads, head_dim]``, for
+            models with ``history_attention == "isolated"`` (see :meth:`WNMTransformer.history_kv`); None =
+            computed inside the forward.
+    """
+
+    history_latents: torch.Tensor
+    encoder_tokens: torch.Tensor
+    encoder_mask: torch.Tensor | None = None
+    history_kv: tuple[tuple[torch.Tensor, torch.Tensor], ...] | None = None
+
+    def __post_init__(self) -> None:
+        b = self.history_latents.shape[0]
+        if self.history_latents.ndim != 5:
+            raise ValueError(
+                f"WNMContext.history_latents must be [B, C, T, h, w], got {tuple(self.history_latents.shape)}"
+            )
+        if self.encoder_tokens.ndim != 3 or self.encoder_tokens.shape[0] != b:
+            raise ValueError(f"WNMContext.encoder_tokens must be [B={b}, L, D], got {tuple(self.encoder_tokens.shape)}")
+        if self.encoder_mask is not None and (
+            self.encoder_mask.dtype != torch.bool
+            or tuple(self.encoder_mask.shape) != tuple(self.encoder_tokens.shape[:2])
+        ):
+            raise ValueError(
+                f"WNMContext.encoder_mask must be bool [B, L]={tuple(self.encoder_tokens.shape[:2])}, got "
+                f"{self.encoder_mask.dtype} {tuple(self.encoder_mask.shape)}"
+            )
+
+    @property
+    def batch_size(self) -> int:
+        return self.history_latents.shape[0]
+
+    def select(self, index: torch.Tensor) -> WNMContext:
+        """Gathers rows (e.g. ``index = prompt_of_rollout`` to share one encoded prompt across its rollouts)."""
+        index = index.to(self.history_latents.device, torch.long)
+        kv = None
+        if self.history_kv is not None:
+            kv = tuple((k.index_select(0, index), v.index_select(0, index)) for k, v in self.history_kv)
+        return WNMContext(
+            history_latents=self.history_latents.index_select(0, index),
+            encoder_tokens=self.encoder_tokens.index_select(0, index),
+            encoder_mask=None if self.encoder_mask is None else self.encoder_mask.index_select(0, index),
+            history_kv=kv,
+        )
+
+    def to(self, device: torch.device | str | None = None, dtype: torch.dtype | None = None) -> WNMContext:
+        """Moves tensors; ``dtype`` applies to the float tensors only (the mask stays bool)."""
+        kv = None
+        if self.history_kv is not None:
+            kv = tuple((k.to(device=device, dtype=dtype), v.to(device=device, dtype=dtype)) for k, v in self.history_kv)
+        return WNMContext(
+            history_latents=self.history_latents.to(device=device, dtype=dtype),
+            encoder_tokens=self.encoder_tokens.to(device=device, dtype=dtype),
+            encoder_mask=None if self.encoder_mask is None else self.encoder_mask.to(device=device),
+            history_kv=kv,
+        )
+
+    def with_history_kv(self, history_kv) -> WNMContext:
+        """The same context carrying precomputed history keys/values (one entry per block)."""
+        return WNMContext(self.history_latents, self.encoder_tokens, self.encoder_mask, tuple(history_kv))
+
+
+class _FeatureProjector(nn.Module):
+    """LayerNorm + 2-layer GELU MLP from an encoder's feature width to the DiT width."""
+
+    def __init__(self, in_dim: int, dim: int, eps: float) -> None:
+        super().__init__()
+        self.norm = FP32LayerNorm(in_dim, eps)
+        self.linear_1 = nn.Linear(in_dim, dim)
+        self.linear_2 = nn.Linear(dim, dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.norm(x.float()).type_as(x)
+        return self.linear_2(F.gelu(self.linear_1(h), approximate="tanh"))
