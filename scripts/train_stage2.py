@@ -201,6 +201,7 @@ def main(argv: list[str] | None = None) -> int:
     from verl_omni.sim.dagger import collect_dagger_round, dagger_collection_meta, write_collection_meta
     from verl_omni.sim.heldout import sample_episode_specs, synthesize_heldout_scenes
     from verl_omni.sim.levels import get_level
+    from verl_omni.sim.loop_pool import reuse_when_in_process
     from verl_omni.sim.probes import format_probe_table, probe_policy
     from verl_omni.sim.reference_policies import make_scripted_policy
     from verl_omni.sim.render import CameraConfig
@@ -311,7 +312,7 @@ def main(argv: list[str] | None = None) -> int:
              f"{timings[f'r{rnd}_load_s']:.0f}s; SFT {steps} steps")  # fmt: skip
         if not ckpt.is_dir():
             cfg_sft = sft.SFTConfig(steps=steps, batch_size=args.batch_size, lr=args.lr,
-                                    action_weight=args.action_weight, eval_every=max(1, steps // 10),
+                                    action_weight=args.action_weight, eval_every=max(1, steps // 10), eval_rows=256,
                                     seed=args.seed + rnd, train_encoders=train_encoders)  # fmt: skip
             result = sft.train_sft(model, train_all, heldout_rows, cfg_sft, progress)
             steps_total += steps
@@ -345,9 +346,10 @@ def main(argv: list[str] | None = None) -> int:
 
         t0 = time.perf_counter()
         factory = functools.partial(WNMPolicy.from_checkpoint, ckpt, device=args.device, name=ckpt.name)
-        evals[ckpt.name] = _evaluate(factory, ckpt.name, plans, specs, work / "eval" / f"{ckpt.name}.json",
+        policy = factory()  # the probes below need it here; one drive worker reuses it
+        source = reuse_when_in_process(factory, policy, args.drive_workers)
+        evals[ckpt.name] = _evaluate(source, ckpt.name, plans, specs, work / "eval" / f"{ckpt.name}.json",
                                      args.drive_workers, progress)  # fmt: skip
-        policy = factory()
         probes[ckpt.name] = probe_policy(policy, probe_examples, mean_actions)
         _log(f"probe {ckpt.name}:\n{format_probe_table(probes[ckpt.name])}")
         timings[f"r{rnd}_eval_s"] = time.perf_counter() - t0

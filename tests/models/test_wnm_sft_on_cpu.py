@@ -199,13 +199,14 @@ def test_instruction_gap_is_zero_when_every_row_has_the_same_instruction(tmp_pat
     model = WNMModel(WNMConfig.from_size("tiny", num_layers=1))
     rows = sft.encode_examples(model, examples, progress=False, calibrate=True)
     cfg = sft.SFTConfig(eval_rows=6)
+    # 6 rows (3 examples x 2 variants); each is paired with the row 3 further on, which holds the other variant
+    # ("go ahead" vs "drive forward"): a randomly initialised model reads different text, so the loss moves.
     gap = sft.instruction_gap(model, rows, cfg)
-    # Rows 0..5 alternate the two variants; the swap moves each row by 3, onto the other variant, so text differs.
-    assert gap["action"] > 0 and gap["gap"] == pytest.approx(gap["action_swapped"] - gap["action"])
-    same = sft.SFTConfig(eval_rows=2)  # rows 0 and 1 swap with each other: 2 // 2 = 1
-    rows.text[:] = rows.text[0]
+    assert gap["action"] > 0 and gap["gap"] != 0.0
+    rows.text[:] = rows.text[0]  # now every row carries the same instruction: swapping changes nothing, exactly
     rows.text_mask[:] = rows.text_mask[0]
-    assert sft.instruction_gap(model, rows, same)["gap"] == 0.0
+    same = sft.instruction_gap(model, rows, cfg)
+    assert same["gap"] == 0.0 and same["action"] == same["action_swapped"]
 
 
 def test_train_encoders_refuses_unknown_names():

@@ -51,3 +51,11 @@ def test_pool_collects_episode_info(episodes):
     assert all(v["learner_calls"] == 0 and v["expert_calls"] == r.policy_calls for v, r in zip(
         (info[r.episode_id] for r in results), results, strict=True))  # fmt: skip
     assert all(r.success for r in results)
+
+
+def test_one_worker_reuses_the_policy_already_built():
+    from verl_omni.sim.loop_pool import reuse_when_in_process
+
+    built = object()
+    assert reuse_when_in_process(dict, built, workers=1)() is built  # nothing is loaded a second time
+    assert reuse_when_in_process(dict, built, workers=2) is dict  # each worker builds its own copy

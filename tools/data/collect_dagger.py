@@ -75,6 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     from verl_omni.sim.collector import CollectorConfig, SceneError, SynthesisConfig
     from verl_omni.sim.dagger import collect_dagger_round, dagger_collection_meta, write_collection_meta
     from verl_omni.sim.levels import get_level
+    from verl_omni.sim.loop_pool import reuse_when_in_process
     from verl_omni.sim.render import CameraConfig
     from verl_omni.sim.wnm_policy import WNMPolicy
 
@@ -84,7 +85,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--level: {e}")
     learner = functools.partial(WNMPolicy.from_checkpoint, args.policy_checkpoint, device=args.device,
                                 dtype=args.dtype, num_steps=args.num_steps)  # fmt: skip
-    h, w = learner().image_size  # loads once here: a bad checkpoint fails before any scene is made
+    loaded = learner()  # loads once here: a bad checkpoint fails before any scene is made
+    h, w = loaded.image_size
+    learner = reuse_when_in_process(learner, loaded, args.drive_workers)
     collector = CollectorConfig(camera=CameraConfig(width=w, height=h), min_goal_distance_m=level.min_goal_distance_m)
     cfg = SynthesisConfig(
         num_scenes=args.num_scenes,

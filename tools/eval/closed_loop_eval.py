@@ -224,7 +224,7 @@ def _load_scenes(args: argparse.Namespace, floorplan_cfg) -> tuple[dict, dict, l
 
 def _evaluate(label: str, ckpt: Path, args, plans, specs, loop_cfg):
     from verl_omni.models.wnm import CheckpointError
-    from verl_omni.sim.loop_pool import run_closed_loop_pool
+    from verl_omni.sim.loop_pool import reuse_when_in_process, run_closed_loop_pool
     from verl_omni.sim.wnm_policy import WNMPolicy
 
     factory = functools.partial(
@@ -238,11 +238,13 @@ def _evaluate(label: str, ckpt: Path, args, plans, specs, loop_cfg):
         exact=args.exact_batching,
     )
     try:
-        numel = factory().backend.layout.numel  # loads here: a bad checkpoint fails before any worker starts
+        policy = factory()  # loads here: a bad checkpoint fails before any worker starts
     except (CheckpointError, ValueError) as e:
         raise CliError(f"{ckpt}: {e}") from e
+    numel = policy.backend.layout.numel
+    source = reuse_when_in_process(factory, policy, args.workers)
     start = time.perf_counter()
-    results, _ = run_closed_loop_pool(factory, plans, specs, loop_cfg, args.workers, not args.no_progress, label)
+    results, _ = run_closed_loop_pool(source, plans, specs, loop_cfg, args.workers, not args.no_progress, label)
     return results, time.perf_counter() - start, numel
 
 

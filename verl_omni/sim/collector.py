@@ -352,6 +352,7 @@ def label_episode(
     stopped: bool,
     cfg: CollectorConfig,
     policy_info: dict | None = None,
+    frames: np.ndarray | None = None,
 ) -> Episode:
     """Relabels a driven trajectory with the expert: query states, expert continuations, events, frames.
 
@@ -369,6 +370,7 @@ def label_episode(
         stopped: The behaviour policy ended the episode with STOP.
         cfg: Collection settings.
         policy_info: Optional per-episode facts about the behaviour policy (stored as ``behaviour``).
+        frames: The trajectory's frames when already rendered (goal variants share them); rendered otherwise.
 
     Returns:
         The episode.
@@ -406,7 +408,7 @@ def label_episode(
     }
     if policy_info is not None:
         record["behaviour"] = policy_info
-    return Episode(record=record, frames=renderer.render(poses), references=references)
+    return Episode(record=record, frames=renderer.render(poses) if frames is None else frames, references=references)
 
 
 def write_episode(episode: Episode, episodes_dir: Path, fps: int) -> Path:

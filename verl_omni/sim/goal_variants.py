@@ -58,6 +58,7 @@ def goal_variant_episodes(
         instructions = make_instructions(plan.rooms[obj.room].kind, obj.name, len(rec["instructions"]), rng)
         info = {"type": "goal_variant", "driven_toward": rec["goal_object"]["name"], "of_episode": rec["episode_id"]}
         eid = f"{rec['episode_id']}_g{len(out) + 1}"
-        out.append(label_episode(plan, renderer, planner, eid, obj.index, instructions, poses, [],
-                                 bool(rec["policy_stopped"]), cfg, policy_info=info))  # fmt: skip
+        stopped = bool(rec["policy_stopped"])
+        out.append(label_episode(plan, renderer, planner, eid, obj.index, instructions, poses, [], stopped, cfg,
+                                 policy_info=info, frames=episode.frames))  # fmt: skip
     return out

@@ -38,6 +38,15 @@ def _run_chunk(job: tuple[int, list[EpisodeSpec]]) -> tuple[int, list[EpisodeRes
     return index, results, extras
 
 
+def reuse_when_in_process(factory: Callable[[], object], built: object, workers: int) -> Callable[[], object]:
+    """The factory to hand to :func:`run_closed_loop_pool` when the caller already built one policy.
+
+    With one worker the episodes run in this process, so the built policy is reused instead of loading the
+    checkpoint a second time; with more, every worker needs its own copy and the (picklable) factory is kept.
+    """
+    return (lambda: built) if workers <= 1 else factory
+
+
 def chunk_specs(specs: Sequence[EpisodeSpec], workers: int, per_worker: int = 2) -> list[list[EpisodeSpec]]:
     """Contiguous chunks, about ``per_worker`` per worker (more chunks: a finer progress bar and balance)."""
     n = max(1, min(len(specs), workers * per_worker))

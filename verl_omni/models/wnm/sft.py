@@ -468,9 +468,10 @@ def heldout_loss(model: WNMModel, data: EncodedRows, cfg: SFTConfig) -> dict[str
 def instruction_gap(model: WNMModel, data: EncodedRows, cfg: SFTConfig) -> dict[str, float]:
     """Held-out action loss with each row's own instruction and with the instruction of another row.
 
-    Same rows, noise and sigmas for both (as :func:`heldout_loss`); the other row is half the evaluated rows
-    away, so in episode order it is of another episode. A model that reads its instruction loses accuracy
-    when it is swapped (``gap > 0``); a model that ignores it scores the same.
+    Same rows, noise and sigmas for both. The ``cfg.eval_rows`` rows are spread evenly over the whole set
+    (rows come in episode order, so the first rows would be a few episodes only), and each is paired with the
+    row half the set away: of another episode unless one episode fills half the set. A model that reads its
+    instruction loses accuracy when it is swapped (``gap > 0``); a model that ignores it scores the same.
 
     Returns:
         ``{"action": loss with the own instruction, "action_swapped": with another's, "gap": their difference}``.
@@ -478,16 +479,18 @@ def instruction_gap(model: WNMModel, data: EncodedRows, cfg: SFTConfig) -> dict[
     was_training = model.transformer.training
     model.transformer.eval()
     g = torch.Generator().manual_seed(54321)
-    rows = torch.arange(min(cfg.eval_rows, data.rows))
-    other = rows.roll(len(rows) // 2)
-    sigma = (torch.arange(len(rows)) + 0.5) / len(rows)
+    n = min(cfg.eval_rows, data.rows)
+    rows = torch.linspace(0, data.rows - 1, n).round().long()
+    other = (rows + data.rows // 2) % data.rows
+    sigma = (torch.arange(n) + 0.5) / n
     totals = {"action": 0.0, "action_swapped": 0.0}
     dev = data.row_example.device
-    for chunk, chunk_other in zip(rows.split(16), other.split(16), strict=True):
-        x0, a0, s, ev, ea = _draw(data, chunk, g, sigma[chunk])
+    for pos in torch.arange(n).split(16):
+        chunk, chunk_other = rows[pos], other[pos]
+        x0, a0, s, ev, ea = _draw(data, chunk, g, sigma[pos])
         hist, feats = _trained_features(model, data, chunk.to(dev), ())
         _, feats_other = _trained_features(model, data, chunk_other.to(dev), ())
-        w = len(chunk) / len(rows)
+        w = len(chunk) / n
         for key, text in (("action", feats), ("action_swapped", feats_other)):
             ctx = model.context_from_features(hist, {**feats, "text": text["text"], "text_mask": text["text_mask"]})
             _, parts = joint_flow_matching_loss(model.transformer, ctx, x0, a0, s, ev, ea, cfg.action_weight)
