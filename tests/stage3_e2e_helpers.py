@@ -39,11 +39,12 @@ def build_workspace(
     train_size: int = TRAIN_SIZE,
     sft_steps: int = 0,
     size: str = "tiny",
+    variant: str = "wnm_3d",
     image_size: int = 64,
     workers: int = 1,
     ckpt_overrides: tuple[str, ...] = (),
 ) -> dict:
-    """Synthesized collection + a ``size`` checkpoint + converted/sampled/event-val data under ``root``."""
+    """Synthesized collection + a ``size`` ``variant`` checkpoint + converted/sampled/event-val data under ``root``."""
     ws = {k: root / k for k in ("collection", "scenes", "ckpt", "converted", "train", "eventval")}
     run_cli(
         [
@@ -65,6 +66,7 @@ def build_workspace(
         ]
     )
     ckpt_args = ["tools/checkpoint/make_tiny_wnm_checkpoint.py", "--output-dir", str(ws["ckpt"]), "--size", size]
+    ckpt_args += ["--variant", variant]
     for item in ckpt_overrides:
         ckpt_args += ["--set", item]
     if sft_steps:

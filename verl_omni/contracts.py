@@ -26,6 +26,9 @@ MANIFEST_NAME = "checkpoint_manifest.json"
 CONFIG_NAME = "config.json"
 NORMALIZATION_NAME = "action_normalization.json"
 CONTRACT_SECTIONS = ("model_config", "transform_metadata", "action_normalization")
+# The model variants: wnm_3d (geometry tokens in the context) and the wnm_2d baseline (none). Each has its pipeline
+# package, verl_omni.pipelines.<variant>.
+VARIANTS = ("wnm_3d", "wnm_2d")
 
 __all__ = [
     "CHECKPOINT_FORMAT",
@@ -34,10 +37,13 @@ __all__ = [
     "MANIFEST_FORMAT",
     "MANIFEST_NAME",
     "NORMALIZATION_NAME",
+    "VARIANTS",
     "CheckpointError",
     "ContractMismatchError",
     "ContractReport",
+    "VariantMismatchError",
     "canonical_json",
+    "check_checkpoint_variant",
     "check_contract_compatibility",
     "contract_of",
     "contract_sections_diff",
@@ -56,6 +62,10 @@ class CheckpointError(ValueError):
 
 class ContractMismatchError(ValueError):
     """Two checkpoints / a checkpoint and a data manifest are not contract-compatible."""
+
+
+class VariantMismatchError(ContractMismatchError):
+    """A checkpoint is of another model variant than the configuration asks for."""
 
 
 def json_hash(obj: Any) -> str:
@@ -214,3 +224,41 @@ def check_contract_compatibility(a: str | Path | dict, b: str | Path | dict) -> 
             continue
         contract_sections_diff(ca[section], cb[section], section, diffs)
     return ContractReport(ok=not diffs, differences=diffs, a=na, b=nb)
+
+
+def check_checkpoint_variant(
+    ckpt_dir: str | Path,
+    variant: str,
+    field: str = "model.variant",
+    contract: dict | None = None,
+    remedy: str | None = None,
+) -> None:
+    """Refuses a checkpoint whose ``model_config.variant`` is not the configured ``variant``.
+
+    Args:
+        ckpt_dir: The checkpoint directory (named in the message with its ``config.json``).
+        variant: The configured variant (``wnm_3d`` or ``wnm_2d``).
+        field: Where ``variant`` was configured, named in the message (e.g. ``model.variant``).
+        contract: The checkpoint's contract when already read (:func:`read_checkpoint_contract`), else None.
+        remedy: What the message tells the user to do (default: set ``field`` to the checkpoint's variant, or
+            start from a checkpoint of ``variant``).
+
+    Raises:
+        VariantMismatchError: Naming both values, the checkpoint's ``config.json`` and ``field``.
+        CheckpointError: The checkpoint is unreadable.
+    """
+    ckpt_dir = Path(ckpt_dir)
+    if contract is None:
+        contract = read_checkpoint_contract(ckpt_dir)
+    found = contract["model_config"].get("variant")
+    if found != variant:
+        if remedy is not None:
+            hint = remedy
+        elif found in VARIANTS:
+            hint = f"set {field}: {found} to train this checkpoint, or start from a {variant} checkpoint"
+        else:
+            hint = f"start from a {variant} checkpoint"
+        raise VariantMismatchError(
+            f"{field} is {variant!r} but the checkpoint {ckpt_dir / CONFIG_NAME} has model_config.variant "
+            f"{found!r}: {hint}"
+        )

@@ -16,6 +16,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from verl_omni.contracts import VARIANTS
+
 LAYER_NAMES = ("visual", "nav_1", "nav_2", "nav_3", "nav_4", "stop_1", "stop_2", "stop_3", "stop_4")
 RECIPE_NAME = "wnm-3d-stage3-navigation-grpo-r1"
 
@@ -37,8 +39,9 @@ class ModelConfig:
         initial_checkpoint: Complete Stage-II WNM checkpoint the actor starts from.
         data_contract_checkpoint: Checkpoint the data was converted with (contract must match).
         source_root: External WNM-3D checkout (``WNM3D_SOURCE_ROOT``) or None for the built-in model.
-        variant: ``wnm_3d`` (geometry tokens) or ``wnm_2d``; every actor rank builds its rollout backend through
-            the variant factory, which refuses an initial checkpoint of the other variant.
+        variant: ``wnm_3d`` (geometry tokens) or ``wnm_2d``; every actor rank builds its model, rollout backend
+            and actor through the variant's pipeline package (``verl_omni.pipelines.<variant>``). An initial
+            checkpoint of the other variant is refused (driver, contract check and worker alike).
     """
 
     initial_checkpoint: str = ""
@@ -53,9 +56,7 @@ class ModelConfig:
             f"{p}.data_contract_checkpoint",
             "is empty (set WAM_DATA_CONTRACT_CHECKPOINT)",
         )
-        _require(
-            self.variant in ("wnm_3d", "wnm_2d"), f"{p}.variant", f"must be wnm_3d or wnm_2d, got {self.variant!r}"
-        )
+        _require(self.variant in VARIANTS, f"{p}.variant", f"must be one of {list(VARIANTS)}, got {self.variant!r}")
 
 
 @dataclass

@@ -14,8 +14,8 @@ Checks, in order (docs/design.md, "Launch"), each failure naming the variable or
    shard hashes, contract vs both checkpoints), validation manifest (rows >= ``WAM_VAL_MAX_SAMPLES``, no
    episode shared with training), every referenced video present and long enough, every occupancy scene present;
 4. configuration (here): the Hydra recipe composes, its locked constants equal the recipe's
-   (:mod:`.locked_recipe`), the topology resolves (:mod:`verl_omni.trainer.topology`) and the whole tree
-   validates as ``Stage3Config``.
+   (:mod:`.locked_recipe`), the topology resolves (:mod:`verl_omni.trainer.topology`), the whole tree
+   validates as ``Stage3Config`` and the initial checkpoint is of its ``model.variant``.
 
 ``STAGE3_CONFIG_CONTRACT_OK`` is printed only when everything passes (exit code 0; 1 otherwise). Nothing
 is written, no Ray is started, no GPU is allocated; ``--write-plan DIR`` (used by ``launch.sh`` after a
@@ -105,6 +105,29 @@ def locked_file_problems(locked_path: Path) -> list[str]:
     return canonical_problems() + locked_constant_problems(read_locked_file(locked_path), str(locked_path))
 
 
+def variant_matches(s: Settings, variant: str, locked_path: Path, report: Report) -> bool:
+    """The initial checkpoint is of the recipe's ``model.variant`` (the check the driver and workers make too)."""
+    from verl_omni.contracts import CheckpointError, VariantMismatchError, check_checkpoint_variant
+
+    init_path = s.paths.get("WNM3D_INITIAL_CHECKPOINT")
+    if init_path is None:
+        return True
+    try:
+        check_checkpoint_variant(
+            init_path,
+            variant,
+            f"model.variant (in {locked_path})",
+            remedy=f"recipe {recipe_name()} trains {variant} checkpoints; start from a {variant} checkpoint",
+        )
+    except VariantMismatchError as e:
+        report.fail("WNM3D_INITIAL_CHECKPOINT", f"WNM3D_INITIAL_CHECKPOINT={init_path}: {e}")
+        return False
+    except CheckpointError:
+        return True  # an unreadable checkpoint is reported by check_checkpoints
+    report.ok(f"variant: the initial checkpoint is a {variant} checkpoint (model.variant)")
+    return True
+
+
 def compose_recipe(config_dir: Path, overrides: list[str]):
     """Composes the recipe with Hydra's compose API (no working-directory change, no outputs)."""
     from hydra import compose, initialize_config_dir
@@ -176,9 +199,11 @@ def check_config(s: Settings, env: Mapping[str, str], config_dir: Path, report: 
             "exactly 1; equal values (with actor.gradient_checkpointing) make them exact (docs/benchmarks.md)"
         )
     try:
-        trainer_config_from_dict(copy.deepcopy(resolved))
+        cfg = trainer_config_from_dict(copy.deepcopy(resolved))
     except (ConfigError, TypeError, ValueError) as e:
         report.fail(str(config_dir / f"{CONFIG_NAME}.yaml"), f"the composed recipe is invalid: {e}")
+        return None
+    if not variant_matches(s, cfg.model.variant, locked_path, report):
         return None
     try:
         from verl_omni.utils.reward_score import build_reward_set

@@ -144,8 +144,19 @@ class Stage3Trainer:
         }
 
     # ------------------------------------------------------------------------------------------ helpers
+    def _check_variant(self) -> None:
+        """Refuses an initial checkpoint of another variant than ``model.variant`` (before anything is written)."""
+        from verl_omni.contracts import CheckpointError, VariantMismatchError, check_checkpoint_variant
+
+        try:
+            check_checkpoint_variant(self.cfg.model.initial_checkpoint, self.cfg.model.variant, "model.variant")
+        except VariantMismatchError as e:  # names both values, the checkpoint's config.json and the field
+            raise ConfigError(str(e)) from e
+        except CheckpointError as e:
+            raise ConfigError(f"model.initial_checkpoint: {e}") from e
+
     def _contract(self) -> dict:
-        from verl_omni.models.wnm import read_checkpoint_contract
+        from verl_omni.contracts import read_checkpoint_contract
 
         contract = read_checkpoint_contract(self.cfg.model.initial_checkpoint)
         contract = {k: v for k, v in contract.items()}
@@ -367,6 +378,7 @@ class Stage3Trainer:
         from verl_omni.trainer.tracking import TensorBoardLogger
 
         cfg = self.cfg
+        self._check_variant()
         self.out.mkdir(parents=True, exist_ok=True)
         checkpointing.atomic_write_text(
             self.out / "resolved_config.json", json.dumps(self.snapshot, indent=2, sort_keys=True, default=str) + "\n"

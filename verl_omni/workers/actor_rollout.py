@@ -8,6 +8,10 @@ One process per GPU (or per CPU worker). Each holds:
 - a :class:`NativeRolloutBackend` over the *same* transformer module: rollouts always use the weights
   the optimizer just produced, so no weight sync is needed for the colocated backend.
 
+Model, backend and actor come from the pipeline package of the configured ``model.variant``
+(:func:`verl_omni.pipelines.pipeline_for`: ``wnm_3d`` or ``wnm_2d``), which refuses a checkpoint of the other
+variant before reading a weight.
+
 Every collective-bearing call (generate, update, save/load) is issued to all ranks with the same number
 of forward passes per rank; the driver guarantees equal shares (``verl_omni.trainer.topology``).
 """
@@ -73,8 +77,8 @@ class ActorRolloutWorker(Worker):
     """verl worker: FSDP2 DiT + optimizer + colocated native rollout, a thin Ray shell.
 
     The log-probs and the PPO update are :class:`~verl_omni.pipelines.wnm_3d.actor.WNMDiffusionActor`'s
-    (``self.actor``); this class sets up the process group, sharding and rollout, dispatches the driver's
-    calls and keeps the weight version.
+    (``self.actor``, built by the variant's pipeline); this class sets up the process group, sharding and
+    rollout, dispatches the driver's calls and keeps the weight version.
 
     Args:
         config: The resolved trainer config as a plain dict (validated again here).
@@ -114,11 +118,11 @@ class ActorRolloutWorker(Worker):
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-        from verl_omni.models.wnm import load_wnm_checkpoint
+        from verl_omni.pipelines import pipeline_for
         from verl_omni.pipelines.wnm_shared.config import NativeBackendConfig
-        from verl_omni.pipelines.wnm_shared.factory import build_rollout_backend
 
         cfg = self.cfg
+        pipeline = pipeline_for(cfg.model.variant)
         self.spec = resolve_device(cfg.topology.use_gpu, cfg.rollout.dtype)
         if cfg.trainer.deterministic:
             torch.use_deterministic_algorithms(True, warn_only=True)
@@ -127,7 +131,9 @@ class ActorRolloutWorker(Worker):
             dist.init_process_group(backend=self.spec.backend, rank=self.rank, world_size=self.world_size)
         torch.manual_seed(cfg.trainer.seed)
         device = self.spec.device
-        model = load_wnm_checkpoint(cfg.model.initial_checkpoint, device=device, dtype=torch.float32)
+        # Refuses (naming model.variant, both values and the checkpoint's config.json) a checkpoint of the other
+        # variant; the driver made the same check before Ray started.
+        model = pipeline.load_model(cfg.model.initial_checkpoint, device=device, dtype=torch.float32)
         if cfg.actor.gradient_checkpointing and hasattr(model.transformer, "gradient_checkpointing"):
             model.transformer.gradient_checkpointing = True
         mesh = init_device_mesh(self.spec.kind, (self.world_size,))
@@ -164,10 +170,8 @@ class ActorRolloutWorker(Worker):
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(cfg))
         # The backend runs the FSDP module in fp32 "storage" dtype: FSDP's mixed-precision policy does the
         # bf16 cast inside forward, so rollout and training execute the same kernels.
-        # Built through the variant factory: a checkpoint whose variant is not model.variant is refused here.
-        self.backend = build_rollout_backend(
+        self.backend = pipeline.build_backend(
             model,
-            cfg.model.variant,
             "native",
             sampler_config_from(cfg),
             NativeBackendConfig(
@@ -182,9 +186,7 @@ class ActorRolloutWorker(Worker):
             import copy
 
             self.reference = copy.deepcopy(model.transformer).eval().requires_grad_(False)
-        from verl_omni.pipelines.wnm_3d.actor import WNMDiffusionActor
-
-        self.actor = WNMDiffusionActor(
+        self.actor = pipeline.build_actor(
             model.transformer,
             self.backend.layout,
             self.optimizer,
@@ -200,6 +202,7 @@ class ActorRolloutWorker(Worker):
         n_params = sum(p.numel() for p in model.transformer.parameters())
         return {
             "rank": self.rank,
+            "variant": pipeline.variant,
             "device": str(device),
             "backend": self.spec.backend,
             "dit_dtype": str(self.spec.dit_dtype),

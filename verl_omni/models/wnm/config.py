@@ -11,10 +11,10 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
+from verl_omni.contracts import VARIANTS
 from verl_omni.data.actions import ACTION_CHANNELS, ACTION_LAYOUT
 
 CONFIG_FORMAT = "wnm-config/1"
-VARIANTS = ("wnm_3d", "wnm_2d")
 TEXT_ENCODER_KINDS = ("builtin", "umt5")
 IMAGE_ENCODER_KINDS = ("builtin", "clip")
 GEOMETRY_ENCODER_KINDS = ("builtin", "external")

@@ -1,25 +1,18 @@
 """WNM-2D baseline: the same world-action model without geometry tokens.
 
-Rollouts use the shared machinery of :mod:`verl_omni.pipelines.wnm_shared`; this package only fixes the variant.
+The actor worker builds everything of a ``wnm_2d`` run through :data:`PIPELINE`: the model (refusing a checkpoint
+of the other variant), the rollout backend over the shared machinery of :mod:`verl_omni.pipelines.wnm_shared`
+and the actor, the same class as WNM-3D's (:mod:`.actor`).
 """
 
 from __future__ import annotations
 
-from verl_omni.pipelines.wnm_shared.backend import RolloutBackend
-from verl_omni.pipelines.wnm_shared.config import NativeBackendConfig, SamplerConfig
-from verl_omni.pipelines.wnm_shared.factory import build_rollout_backend
+from verl_omni.pipelines.wnm_2d.actor import UpdateMicroBatch, WNMDiffusionActor
+from verl_omni.pipelines.wnm_shared.pipeline import VariantPipeline
 
 VARIANT = "wnm_2d"
+PIPELINE = VariantPipeline(VARIANT, WNMDiffusionActor)
+load_model = PIPELINE.load_model
+build_backend = PIPELINE.build_backend
 
-
-def build_backend(
-    model,
-    backend: str = "native",
-    sampler: SamplerConfig | None = None,
-    config: NativeBackendConfig | None = None,
-) -> RolloutBackend:
-    """Rollout backend for a wnm_2d ``WNMModel`` (refuses models of the other variant)."""
-    return build_rollout_backend(model, VARIANT, backend, sampler, config)
-
-
-__all__ = ["VARIANT", "build_backend"]
+__all__ = ["PIPELINE", "VARIANT", "UpdateMicroBatch", "WNMDiffusionActor", "build_backend", "load_model"]
