@@ -21,6 +21,7 @@ Example (one H200, a few minutes):
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import json
 import os
@@ -189,14 +190,146 @@ def _check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> No
         parser.error(f"--workdir {args.workdir}: exists and is not a directory")
 
 
+@dataclasses.dataclass
+class RoundState:
+    """What a round hands to the next: the aggregated training rows and the round-0 held-out material.
+
+    Attributes:
+        accumulated: Encoded training rows of every round so far (CPU), features from the latest encoders.
+        heldout_rows: Encoded held-out rows of round 0's held-out episodes (held-out loss, instruction gap).
+        probe_examples: Held-out expert states of the open-loop probes.
+        mean_actions: ``[32, 4]`` mean raw expert action sequence (the probes' constant baseline).
+        steps_total: SFT steps of all rounds so far.
+    """
+
+    accumulated: object = None
+    heldout_rows: object = None
+    probe_examples: list | None = None
+    mean_actions: object = None
+    steps_total: int = 0
+
+
+def _checkpoint_digest(ckpt: Path) -> str:
+    import hashlib
+
+    return hashlib.sha256((ckpt / "checkpoint_manifest.json").read_bytes()).hexdigest()
+
+
+def _save_round_cache(cache: Path, ckpt: Path, state: RoundState) -> None:
+    """Writes the round's state beside its collection (temporary name, then rename), tied to its checkpoint."""
+    import torch
+
+    tmp = cache.with_name(cache.name + ".partial")
+    fields = {f.name: getattr(state, f.name) for f in dataclasses.fields(state)}  # shallow: asdict would unpack rows
+    torch.save({"checkpoint_sha256": _checkpoint_digest(ckpt), **fields}, tmp)
+    tmp.replace(cache)
+
+
+def _load_round_cache(cache: Path, ckpt: Path) -> RoundState | None:
+    """The state a finished round saved, or None when the round must run (no cache, or another checkpoint).
+
+    A rerun on the same run folder (e.g. the next 10-minute call on a GPU machine) then starts where the last one
+    stopped instead of decoding and encoding every earlier round again.
+    """
+    import torch
+
+    if not (cache.is_file() and (ckpt / "checkpoint_manifest.json").is_file()):
+        return None
+    # Our own file, written by _save_round_cache in this run folder; it holds dataclasses, so not weights_only.
+    saved = torch.load(cache, map_location="cpu", weights_only=False)
+    if saved.pop("checkpoint_sha256") != _checkpoint_digest(ckpt):
+        _log(f"{cache.name} belongs to another {ckpt.name}; encoding again")
+        return None
+    return RoundState(**saved)
+
+
+def _train_round(args, config, rnd: int, data: Path, ckpt: Path, state: RoundState, train_encoders, progress: bool,
+                 timings: dict) -> RoundState:  # fmt: skip
+    """Decodes and encodes round ``rnd``'s collection, aggregates it with the earlier rows and trains (SFT).
+
+    A checkpoint already in ``ckpt`` (a run stopped after saving it) is loaded instead of trained again.
+    """
+    from verl_omni.data.gn0 import list_episode_ids
+    from verl_omni.models.wnm import WNMModel, load_wnm_checkpoint, save_wnm_checkpoint, sft
+
+    t0 = time.perf_counter()
+    state = dataclasses.replace(state)
+    ids = list_episode_ids(data)
+    if rnd == 0:
+        train_ids, held_ids = sft.split_episode_ids(ids, 0.05, args.seed)
+    else:
+        train_ids = ids
+    _log(f"round {rnd}: decoding and encoding {len(train_ids)} episodes")
+    if ckpt.is_dir():  # resumed: encode with the round's saved weights (its encoders, statistics, normalization)
+        model = load_wnm_checkpoint(ckpt, device=args.device)
+    elif rnd == 0:
+        model = WNMModel(config).to(args.device)
+    else:
+        model = load_wnm_checkpoint(ckpt.with_name(f"stage2_r{rnd - 1}"), device=args.device)
+    fresh = rnd == 0 and not ckpt.is_dir()
+    stream = sft.iter_expert_examples(data, config.history_frames, config.image_size, progress, args.workers,
+                                      episode_ids=train_ids)  # fmt: skip
+    rows = sft.encode_examples(model, stream, batch=64, progress=progress,
+                               calibrate=fresh and config.vae_kind == "tiny", fit_normalization=fresh)  # fmt: skip
+    if rnd == 0:
+        held_ex = sft.load_expert_examples(data, config.history_frames, config.image_size, False, args.workers,
+                                           episode_ids=held_ids)  # fmt: skip
+        state.heldout_rows = sft.encode_examples(model, held_ex, batch=64, progress=progress)
+        state.probe_examples = sft.subsample(held_ex, args.probe_states)
+        state.mean_actions = model.action_normalization.denormalize(rows.actions.double()).mean(0).cpu().numpy()
+        del held_ex
+    if state.accumulated is None:
+        train_all = rows
+    else:
+        train_all = sft.EncodedRows.concat([state.accumulated.to(args.device), rows])
+    del rows
+    heldout = state.heldout_rows.to(args.device)
+    timings[f"r{rnd}_load_s"] = time.perf_counter() - t0
+    steps = args.sft_steps if rnd == 0 else args.round_steps
+    state.steps_total += steps
+    _log(f"round {rnd}: {train_all.examples} training states ({train_all.rows} rows) in "
+         f"{timings[f'r{rnd}_load_s']:.0f}s; SFT {steps} steps")  # fmt: skip
+    if not ckpt.is_dir():
+        cfg_sft = sft.SFTConfig(steps=steps, batch_size=args.batch_size, lr=args.lr,
+                                action_weight=args.action_weight, eval_every=max(1, steps // 10), eval_rows=256,
+                                seed=args.seed + rnd, train_encoders=train_encoders)  # fmt: skip
+        result = sft.train_sft(model, train_all, heldout, cfg_sft, progress)
+        prov = {
+            "tool": "scripts/train_stage2.py",
+            "round": rnd,
+            "level": args.level,
+            "train_rows": int(train_all.rows),
+            "train_states": int(train_all.examples),
+            "sft_steps_total": state.steps_total,
+            "trained_encoders": list(train_encoders),
+            "initial_heldout_loss": result["initial_heldout"],
+            "final_heldout_loss": result["final_heldout"],
+            "instruction_gap": result["instruction_gap"],
+            "arguments": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+        }
+        model.eval()
+        save_wnm_checkpoint(model.to("cpu"), ckpt, prov, readme=_readme(ckpt.name, args, rnd, prov, None))
+        _log(f"round {rnd}: SFT {steps} steps, held-out loss {result['initial_heldout']['loss']:.3f} -> "
+             f"{result['final_heldout']['loss']:.3f} (action {result['final_heldout']['action']:.3f}); action loss "
+             f"with another episode's instruction {result['instruction_gap']['action_swapped']:.3f} (gap "
+             f"{result['instruction_gap']['gap']:+.4f})")  # fmt: skip
+    else:  # resumed: the earlier rounds' rows were encoded by older encoders; describe them with this round's
+        sft.refresh_features(model, train_all, train_encoders)
+        sft.refresh_features(model, heldout, train_encoders)
+    # train_sft refreshed the cached features with the trained encoders: later rounds reuse them as they are.
+    state.accumulated = train_all.to("cpu")
+    state.heldout_rows = heldout.to("cpu")
+    del model, train_all, heldout
+    return state
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     _check_args(parser, args)
     import torch
 
-    from verl_omni.data.gn0 import list_episode_ids
-    from verl_omni.models.wnm import WNMConfig, WNMModel, load_wnm_checkpoint, save_wnm_checkpoint, sft
+    from verl_omni.models.wnm import WNMConfig
     from verl_omni.sim.collector import CollectorConfig, SynthesisConfig
     from verl_omni.sim.dagger import collect_dagger_round, dagger_collection_meta, write_collection_meta
     from verl_omni.sim.heldout import sample_episode_specs, synthesize_heldout_scenes
@@ -235,10 +368,9 @@ def main(argv: list[str] | None = None) -> int:
     timings["baselines_eval_s"] = time.perf_counter() - t0
 
     torch.manual_seed(args.seed)
-    accumulated, heldout_rows, probe_examples, mean_actions = None, None, None, None
+    state = RoundState()
     train_encoders = () if args.train_encoders == "none" else tuple(args.train_encoders.split(","))
     prev_ckpt: Path | None = None
-    steps_total = 0
     probes = {}
     for rnd in range(args.rounds):
         data = work / "data" / f"r{rnd}"
@@ -279,70 +411,15 @@ def main(argv: list[str] | None = None) -> int:
 
         t0 = time.perf_counter()
         ckpt = work / "ckpt" / f"stage2_r{rnd}"
-        ids = list_episode_ids(data)
-        if rnd == 0:
-            train_ids, held_ids = sft.split_episode_ids(ids, 0.05, args.seed)
+        cache = work / "data" / f"r{rnd}.rows.pt"
+        cached = _load_round_cache(cache, ckpt)
+        if cached is not None:  # a finished round: skip decoding, encoding and SFT
+            state = cached
+            _log(f"round {rnd}: reusing {ckpt.name} and its {state.accumulated.examples} encoded states ({cache.name})")
         else:
-            train_ids = ids
-        _log(f"round {rnd}: decoding and encoding {len(train_ids)} episodes")
-        if ckpt.is_dir():  # resumed: encode with the round's saved weights (its encoders, statistics, normalization)
-            model = load_wnm_checkpoint(ckpt, device=args.device)
-        elif rnd == 0:
-            model = WNMModel(config).to(args.device)
-        else:
-            model = load_wnm_checkpoint(prev_ckpt, device=args.device)
-        fresh = rnd == 0 and not ckpt.is_dir()
-        stream = sft.iter_expert_examples(data, config.history_frames, config.image_size, progress, args.workers,
-                                          episode_ids=train_ids)  # fmt: skip
-        rows = sft.encode_examples(model, stream, batch=64, progress=progress,
-                                   calibrate=fresh and config.vae_kind == "tiny", fit_normalization=fresh)  # fmt: skip
-        if rnd == 0:
-            held_ex = sft.load_expert_examples(data, config.history_frames, config.image_size, False, args.workers,
-                                               episode_ids=held_ids)  # fmt: skip
-            heldout_rows = sft.encode_examples(model, held_ex, batch=64, progress=progress)
-            probe_examples = sft.subsample(held_ex, args.probe_states)
-            mean_actions = model.action_normalization.denormalize(rows.actions.double()).mean(0).cpu().numpy()
-            del held_ex
-        train_all = rows if accumulated is None else sft.EncodedRows.concat([accumulated.to(args.device), rows])
-        del rows
-        timings[f"r{rnd}_load_s"] = time.perf_counter() - t0
-        t0 = time.perf_counter()
-        steps = args.sft_steps if rnd == 0 else args.round_steps
-        _log(f"round {rnd}: {train_all.examples} training states ({train_all.rows} rows) in "
-             f"{timings[f'r{rnd}_load_s']:.0f}s; SFT {steps} steps")  # fmt: skip
-        if not ckpt.is_dir():
-            cfg_sft = sft.SFTConfig(steps=steps, batch_size=args.batch_size, lr=args.lr,
-                                    action_weight=args.action_weight, eval_every=max(1, steps // 10), eval_rows=256,
-                                    seed=args.seed + rnd, train_encoders=train_encoders)  # fmt: skip
-            result = sft.train_sft(model, train_all, heldout_rows, cfg_sft, progress)
-            steps_total += steps
-            prov = {
-                "tool": "scripts/train_stage2.py",
-                "round": rnd,
-                "level": level.name,
-                "train_rows": int(train_all.rows),
-                "train_states": int(train_all.examples),
-                "sft_steps_total": steps_total,
-                "trained_encoders": list(train_encoders),
-                "initial_heldout_loss": result["initial_heldout"],
-                "final_heldout_loss": result["final_heldout"],
-                "instruction_gap": result["instruction_gap"],
-                "arguments": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
-            }
-            model.eval()
-            save_wnm_checkpoint(model.to("cpu"), ckpt, prov, readme=_readme(ckpt.name, args, rnd, prov, None))
-            _log(f"round {rnd}: SFT {steps} steps, held-out loss {result['initial_heldout']['loss']:.3f} -> "
-                 f"{result['final_heldout']['loss']:.3f} (action {result['final_heldout']['action']:.3f}); action loss "
-                 f"with another episode's instruction {result['instruction_gap']['action_swapped']:.3f} (gap "
-                 f"{result['instruction_gap']['gap']:+.4f})")  # fmt: skip
-        else:  # resumed: the earlier rounds' rows were encoded by older encoders; describe them with this round's
-            steps_total += steps
-            sft.refresh_features(model, train_all, train_encoders)
-            sft.refresh_features(model, heldout_rows, train_encoders)
-        # train_sft refreshed the cached features with the trained encoders: later rounds reuse them as they are.
-        accumulated = train_all.to("cpu")
-        del model, train_all
-        timings[f"r{rnd}_sft_s"] = time.perf_counter() - t0
+            state = _train_round(args, config, rnd, data, ckpt, state, train_encoders, progress, timings)
+            _save_round_cache(cache, ckpt, state)
+        timings[f"r{rnd}_sft_s"] = time.perf_counter() - t0 - timings.get(f"r{rnd}_load_s", 0.0)
 
         t0 = time.perf_counter()
         factory = functools.partial(WNMPolicy.from_checkpoint, ckpt, device=args.device, name=ckpt.name)
@@ -350,7 +427,7 @@ def main(argv: list[str] | None = None) -> int:
         source = reuse_when_in_process(factory, policy, args.drive_workers)
         evals[ckpt.name] = _evaluate(source, ckpt.name, plans, specs, work / "eval" / f"{ckpt.name}.json",
                                      args.drive_workers, progress)  # fmt: skip
-        probes[ckpt.name] = probe_policy(policy, probe_examples, mean_actions)
+        probes[ckpt.name] = probe_policy(policy, state.probe_examples, state.mean_actions)
         _log(f"probe {ckpt.name}:\n{format_probe_table(probes[ckpt.name])}")
         timings[f"r{rnd}_eval_s"] = time.perf_counter() - t0
         prev_ckpt = ckpt
@@ -380,7 +457,7 @@ def main(argv: list[str] | None = None) -> int:
     for name, p in probes.items():
         lines += [
             "",
-            f"Open-loop probe of `{name}` on {len(probe_examples)} held-out states:",
+            f"Open-loop probe of `{name}` on {len(state.probe_examples)} held-out states:",
             "",
             format_probe_table(p),
         ]

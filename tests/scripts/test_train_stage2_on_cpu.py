@@ -35,6 +35,9 @@ def test_two_rounds_then_resume(tmp_path):
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "reusing" in proc.stdout
+    # Finished rounds come back from their saved rows: no episode is decoded or encoded again.
+    assert "round 0: reusing stage2_r0" in proc.stdout and "round 1: reusing stage2_r1" in proc.stdout
+    assert "decoding and encoding" not in proc.stdout
     assert (work / "ckpt" / "stage2_r1" / "checkpoint_manifest.json").read_bytes() == before
 
 
