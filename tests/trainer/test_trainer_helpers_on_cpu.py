@@ -29,12 +29,14 @@ def test_split_even_and_balanced():
 def test_shard_requests_keeps_prompts_whole_per_rank_and_remaps_rows():
     rows = ["row-a", "row-b", "row-c"]
     reqs = stratified_requests(["a", "b", "c"], run_seed=1, step=2, num_strata=2, num_branches=2)  # 12 requests
-    shards = shard_requests(reqs, rows, 4)  # 3 requests per rank
+    shards = shard_requests(reqs, rows, 4, "/src", "ode")  # 3 requests per rank
     # rank 0: a,a,a ; rank 1: a,b,b ; rank 2: b,b,c ; rank 3: c,c,c
-    assert [s["rows"] for s in shards] == [["row-a"], ["row-a", "row-b"], ["row-b", "row-c"], ["row-c"]]
-    assert [r.context_row for r in shards[1]["requests"]] == [0, 1, 1]
+    assert [s.rows for s in shards] == [["row-a"], ["row-a", "row-b"], ["row-b", "row-c"], ["row-c"]]
+    assert [s.global_rows for s in shards] == [[0], [0, 1], [1, 2], [2]]
+    assert all(s.source_root == "/src" and s.mode == "ode" for s in shards)
+    assert [r.context_row for r in shards[1].requests] == [0, 1, 1]
     # Only context_row changes: the RNG keys (sample id, stratum, branch, step, seed) are untouched.
-    flat = [r for s in shards for r in s["requests"]]
+    flat = [r for s in shards for r in s.requests]
     assert [dataclasses.replace(r, context_row=0) for r in flat] == [
         dataclasses.replace(r, context_row=0) for r in reqs
     ]

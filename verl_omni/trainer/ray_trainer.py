@@ -25,17 +25,17 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from verl_omni.pipelines.wnm_shared.backend import RolloutResults
 from verl_omni.trainer import checkpointing
 from verl_omni.trainer.config import ConfigError, Stage3Config
 from verl_omni.trainer.diffusion.metrics import PhaseTimer, advantage_metrics, reward_metrics, validation_metrics
 from verl_omni.trainer.rollout_batch import (
-    cat_dataclass_tensors,
+    GenerateOutput,
     plan_updates,
     rows_of_requests,
     shard_requests,
     split_balanced,
 )
+from verl_omni.utils.reward_score.types import RewardScores
 
 PHASES = ("rollout", "reward", "old_logp", "update", "validation", "checkpoint")
 VAL_STEP_KEY = 0  # validation noise is keyed on a fixed step so every validation sees the same x_0
@@ -175,8 +175,8 @@ class Stage3Trainer:
     def _rows(self, dataset, indices) -> list:
         return [dataset[int(i)] for i in indices]
 
-    def _generate(self, rows: list, step: int, mode: str, strata: int, branches: int):
-        """Rollouts for ``rows`` spread over the actor ranks; returns merged results, contexts and targets."""
+    def _generate(self, rows: list, step: int, mode: str, strata: int, branches: int) -> GenerateOutput:
+        """Rollouts for ``rows`` spread over the actor ranks, merged (results, contexts, targets, timings)."""
         from verl_omni.pipelines.wnm_shared.requests import stratified_requests
 
         g = self.cfg.topology.world_size
@@ -184,57 +184,32 @@ class Stage3Trainer:
         pad = (-len(requests)) % g
         if pad:  # only validation can need this: repeat the last request so every rank runs equal work
             requests = requests + [requests[-1]] * pad
-        shards = shard_requests(requests, rows, g)
-        payload = [
-            {"rows": s["rows"], "requests": s["requests"], "source_root": str(self.train.source_root), "mode": mode}
-            for s in shards
-        ]
-        outs = self._call("rollout", self.actor_wg.generate, payload)
-        offsets = np.cumsum([0] + [len(s["rows"]) for s in shards[:-1]]).tolist()
-        results = RolloutResults.concat([o["results"] for o in outs], offsets)
-        contexts = cat_dataclass_tensors([o["context"] for o in outs])
-        targets = torch.cat([o["target_latents"] for o in outs])  # one row per (rank, local prompt)
+        shards = shard_requests(requests, rows, g, str(self.train.source_root), mode)
+        out = GenerateOutput.concat(self._call("rollout", self.actor_wg.generate, shards))
         if pad:
-            results = results.head(len(requests) - pad)
-        timing = {k: float(np.max([o["timing"][k] for o in outs])) for k in outs[0]["timing"]}
-        mem = float(np.max([o["peak_memory_gb"] for o in outs]))
-        return results, contexts, targets, timing, mem
+            out.results = out.results.head(len(requests) - pad)
+        return out
 
-    def _score(self, rows: list, results, targets: torch.Tensor) -> dict:
+    def _score(self, rows: list, results, targets: torch.Tensor) -> RewardScores:
         """Rewards of every rollout from the reward workers (balanced shards)."""
+        from verl_omni.utils.reward_score import RewardBatch
+
         by_id = {r.sample_id: r for r in rows}
-        reqs = results.requests
-        rr = [by_id[q.sample_id] for q in reqs]
-        batch = {
-            "actions": results.actions.double().numpy(),
-            "start_pose": np.stack([r.start_pose for r in rr]),
-            "reference_poses": np.stack([r.reference_poses for r in rr]),
-            "goal": np.stack([r.goal for r in rr]),
-            "success_radius": np.array([r.success_radius for r in rr], dtype=np.float64),
-            "events": [list(r.events) for r in rr],
-            "scene_id": [r.scene_id for r in rr],
-            "rollout_id": list(results.request_ids),
-            "generated_latents": results.video_latents.float().numpy(),
-            "target_latents": targets[results.context_rows].float().numpy(),
-        }
-        n = len(reqs)
-        parts = []
-        for sl in split_balanced(n, self.cfg.reward.num_workers):
-            parts.append({k: v[sl] for k, v in batch.items()})
-        outs = self._call("reward", self.reward_wg.score, parts)
-        scores = np.concatenate([o["scores"] for o in outs])
-        diagnostics: dict[str, np.ndarray] = {}
-        for key in outs[0]["diagnostics"]:
-            vals = [o["diagnostics"].get(key) for o in outs if len(o["scores"])]
-            if all(v is not None for v in vals):
-                diagnostics[key] = np.concatenate(vals)
-        warnings = [w for o in outs for w in o["warnings"]]
-        return {
-            "scores": scores,
-            "diagnostics": diagnostics,
-            "warnings": warnings,
-            "score_s": float(max(o["score_s"] for o in outs)),
-        }
+        rr = [by_id[q.sample_id] for q in results.requests]
+        batch = RewardBatch(
+            actions=results.actions.double().numpy(),
+            start_pose=np.stack([r.start_pose for r in rr]),
+            reference_poses=np.stack([r.reference_poses for r in rr]),
+            goal=np.stack([r.goal for r in rr]),
+            success_radius=np.array([r.success_radius for r in rr], dtype=np.float64),
+            events=[list(r.events) for r in rr],
+            scene_id=[r.scene_id for r in rr],
+            rollout_id=list(results.request_ids),
+            generated_latents=results.video_latents.float().numpy(),
+            target_latents=targets[results.context_rows].float().numpy(),
+        )
+        shards = [batch.select(sl) for sl in split_balanced(len(rr), self.cfg.reward.num_workers)]
+        return RewardScores.concat(self._call("reward", self.reward_wg.score, shards))
 
     def _advantages(self, scores: np.ndarray, results, valid: np.ndarray | None = None):
         """The step's advantages (layer-conditioned, or the summed ablation) from its ``[N, 9]`` scores."""
@@ -280,7 +255,7 @@ class Stage3Trainer:
         payloads, _ = self._plan_updates(results, contexts, adv, old_logp, step, epochs=1, skip_zero_signal=False)
         flat = [[mb for mini in p for mb in mini] for p in payloads]
         recomputed = self._call("old_logp", self.actor_wg.compute_logprobs, flat)
-        order = [i for p in flat for mb in p for i in rows_of_requests(results, mb["request_ids"])]
+        order = [i for p in flat for mb in p for i in rows_of_requests(results, mb.request_ids)]
         new_old = old_logp.clone()
         new_old[torch.tensor(order)] = torch.cat([t for r in recomputed for t in r])
         m = {
@@ -294,7 +269,7 @@ class Stage3Trainer:
         payloads, skipped = self._plan_updates(results, contexts, adv, old_logp, step)
         m = {"advantages/skipped_minibatches": float(skipped)}
         if payloads[0]:
-            upd = self._call("update", self.actor_wg.update, [{"mini_batches": p} for p in payloads])[0]
+            upd = self._call("update", self.actor_wg.update, payloads)[0]
             self.nonfinite_total = int(upd["actor/total_nonfinite_updates"])
             m.update({k: v for k, v in upd.items() if not k.startswith("timing/")})
         return m
@@ -451,13 +426,12 @@ class Stage3Trainer:
         t_step = time.perf_counter()
         rows = self._rows(self.train, self.sampler.next_indices(cfg.topology.prompts_per_step))
         with timer.phase("rollout") as gen:
-            results, contexts, targets, gen_timing, gen_mem = self._generate(
-                rows, step, "sde", cfg.rollout.strata, cfg.rollout.branches
-            )
+            out = self._generate(rows, step, "sde", cfg.rollout.strata, cfg.rollout.branches)
+        results, contexts, targets = out.results, out.context, out.target_latents
         with timer.phase("reward") as score:
             rew = self._score(rows, results, targets)
-        self._log_reward_warnings(step, rew["warnings"])
-        adv = self._advantages(rew["scores"], results, rew["diagnostics"].get("geometry/layer_valid"))
+        self._log_reward_warnings(step, rew.warnings)
+        adv = self._advantages(rew.scores, results, rew.diagnostics.get("geometry/layer_valid"))
         with timer.phase("old_logp") as old:
             old_logp, old_m = self._old_logprobs(results, contexts, adv, step)
         with timer.phase("update") as upd:
@@ -465,12 +439,12 @@ class Stage3Trainer:
 
         m: dict[str, float] = {
             "timing/rollout_s": gen.seconds,
-            "timing/rollout_encode_s": gen_timing["encode_s"],
+            "timing/rollout_encode_s": out.encode_s,
             "perf/rollouts_per_s": len(results) / max(gen.seconds, 1e-9),
-            "memory/rollout_peak_gb": gen_mem,
+            "memory/rollout_peak_gb": out.peak_memory_gb,
             "timing/reward_s": score.seconds,
-            "reward/warnings": float(len(rew["warnings"])),
-            **reward_metrics(rew["scores"], rew["diagnostics"]),
+            "reward/warnings": float(len(rew.warnings)),
+            **reward_metrics(rew.scores, rew.diagnostics),
             **advantage_metrics(adv),
             **old_m,
             "timing/old_logp_s": old.seconds,
@@ -503,8 +477,9 @@ class Stage3Trainer:
     def _validate(self) -> dict:
         n = self.cfg.data.val_max_samples
         rows = self._rows(self.val, range(n))
-        results, _, targets, _, _ = self._generate(rows, VAL_STEP_KEY, "ode", 1, 1)
-        scores = self._score(rows, results, targets)["scores"]
+        out = self._generate(rows, VAL_STEP_KEY, "ode", 1, 1)
+        results = out.results
+        scores = self._score(rows, results, out.target_latents).scores
         by_id = {r.sample_id: r for r in rows}
         return validation_metrics(scores, [by_id[s].events for s in results.sample_ids])
 

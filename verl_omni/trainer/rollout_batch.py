@@ -1,6 +1,13 @@
-"""Pure helpers of the driver: splitting a step's rollout plan over ranks and cutting the step's rollouts into
-the update's mini-batches of whole prompt groups and each rank's micro-batches. No Ray, no model. (Merging the
-ranks' ``RolloutResults`` is :meth:`RolloutResults.concat`.)
+"""What crosses the driver/actor boundary in a step, and the pure helpers that make it. No Ray, no model.
+
+- :class:`GenerateShard` (driver -> each actor rank): the rank's share of the rollout plan and its prompts, made
+  by :func:`shard_requests`; :class:`GenerateOutput` (rank -> driver): its rollouts, the encoded contexts and the
+  ground-truth target latents, merged over the ranks by :meth:`GenerateOutput.concat`.
+- :func:`plan_updates` cuts the step's rollouts into the update's mini-batches of whole prompt groups and each
+  rank's micro-batches (:class:`~verl_omni.pipelines.wnm_3d.actor.UpdateMicroBatch`).
+
+The reward workers' side is :class:`~verl_omni.utils.reward_score.RewardBatch` (a shard, cut by
+:meth:`RewardBatch.select`) and :class:`~verl_omni.utils.reward_score.RewardScores`.
 """
 
 from __future__ import annotations
@@ -8,10 +15,15 @@ from __future__ import annotations
 import dataclasses
 from collections import defaultdict
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 
+from verl_omni.pipelines.wnm_3d.actor import UpdateMicroBatch
+from verl_omni.pipelines.wnm_shared.backend import RolloutResults
 from verl_omni.pipelines.wnm_shared.rng import generator_for
+
+GENERATE_MODES = ("sde", "ode")
 
 
 def split_even(n: int, parts: int) -> list[slice]:
@@ -33,7 +45,82 @@ def split_balanced(n: int, parts: int) -> list[slice]:
     return out
 
 
-def shard_requests(requests: Sequence, rows: Sequence, world_size: int) -> list[dict]:
+@dataclass
+class GenerateShard:
+    """One actor rank's share of a rollout plan (what ``ActorRolloutWorker.generate`` receives).
+
+    Attributes:
+        rows: The prompts (``Stage3Row``) the shard's requests use, each once.
+        requests: ``RolloutRequest`` list; each ``context_row`` indexes ``rows``.
+        global_rows: For each of ``rows``, its index in the driver's prompt list.
+        source_root: Root of the GN0 collection the rows' frames are read from.
+        mode: ``sde`` (training rollouts with window log-probs) or ``ode`` (deterministic, validation).
+    """
+
+    rows: list
+    requests: list
+    global_rows: list[int]
+    source_root: str = ""
+    mode: str = "sde"
+
+    def __post_init__(self) -> None:
+        if self.mode not in GENERATE_MODES:
+            raise ValueError(f"GenerateShard.mode must be one of {list(GENERATE_MODES)}, got {self.mode!r}")
+        if len(self.global_rows) != len(self.rows):
+            raise ValueError(f"GenerateShard: {len(self.global_rows)} global_rows for {len(self.rows)} rows")
+        bad = [r.request_id for r in self.requests if not 0 <= r.context_row < len(self.rows)]
+        if bad:
+            raise ValueError(f"GenerateShard: requests {bad[:3]} point outside the shard's {len(self.rows)} rows")
+
+
+@dataclass
+class GenerateOutput:
+    """What one actor rank's ``generate`` returns (CPU tensors).
+
+    Attributes:
+        results: ``RolloutResults`` of the shard's requests, in request order.
+        context: The ``WNMContext`` of the shard's rows (fp32), one row per prompt.
+        target_latents: ``[C, ...]`` VAE latents of each prompt's ground-truth target frames (fp32).
+        encode_s: Seconds spent decoding and encoding the prompts.
+        generate_s: Seconds spent sampling.
+        peak_memory_gb: Peak accelerator memory of the call (0 on CPU).
+    """
+
+    results: RolloutResults
+    context: object
+    target_latents: torch.Tensor
+    encode_s: float = 0.0
+    generate_s: float = 0.0
+    peak_memory_gb: float = 0.0
+
+    @property
+    def num_rows(self) -> int:
+        """Prompts (context rows) of this output."""
+        return int(self.target_latents.shape[0])
+
+    @classmethod
+    def concat(cls, parts: Sequence[GenerateOutput]) -> GenerateOutput:
+        """Merges the ranks' outputs in rank order.
+
+        Each part's ``context_rows`` are shifted past the rows of the ranks before it, so that they index the
+        concatenated contexts and target latents; the timings and the memory are the slowest rank's.
+        """
+        offsets = [0]
+        for p in parts[:-1]:
+            offsets.append(offsets[-1] + p.num_rows)
+        return cls(
+            results=RolloutResults.concat([p.results for p in parts], offsets),
+            context=cat_dataclass_tensors([p.context for p in parts]),
+            target_latents=torch.cat([p.target_latents for p in parts]),
+            encode_s=max(p.encode_s for p in parts),
+            generate_s=max(p.generate_s for p in parts),
+            peak_memory_gb=max(p.peak_memory_gb for p in parts),
+        )
+
+
+def shard_requests(
+    requests: Sequence, rows: Sequence, world_size: int, source_root: str = "", mode: str = "sde"
+) -> list[GenerateShard]:
     """Splits a prompt-major request plan into ``world_size`` equal shards.
 
     Each shard lists only the prompts its requests use (so each prompt's context is encoded once per
@@ -43,9 +130,11 @@ def shard_requests(requests: Sequence, rows: Sequence, world_size: int) -> list[
         requests: ``RolloutRequest`` list; ``context_row`` indexes ``rows``.
         rows: Prompt rows.
         world_size: Number of actor ranks.
+        source_root: Root of the collection the rows' frames are read from.
+        mode: ``sde`` or ``ode``.
 
     Returns:
-        ``[{"rows": [...], "requests": [...], "global_rows": [int]}]`` per rank.
+        One :class:`GenerateShard` per rank.
     """
     shards = []
     for sl in split_even(len(requests), world_size):
@@ -58,7 +147,7 @@ def shard_requests(requests: Sequence, rows: Sequence, world_size: int) -> list[
                 local[r.context_row] = len(global_rows)
                 global_rows.append(r.context_row)
             remapped.append(dataclasses.replace(r, context_row=local[r.context_row]))
-        shards.append({"rows": [rows[i] for i in global_rows], "requests": remapped, "global_rows": global_rows})
+        shards.append(GenerateShard([rows[i] for i in global_rows], remapped, global_rows, source_root, mode))
     return shards
 
 
@@ -95,30 +184,25 @@ def minibatch_prompt_groups(
 
 def micro_batches(
     results, contexts, adv: torch.Tensor, old_logp: torch.Tensor, idx: list[int], micro_batch_rollouts: int, mask=None
-) -> list[dict]:
+) -> list[UpdateMicroBatch]:
     """Rollouts ``idx`` (one rank's share of a mini-batch) cut into micro-batches with their context rows.
 
-    Each micro-batch is the dict ``UpdateMicroBatch.from_dict`` reads; ``weight`` is its share of ``idx``, so
-    that ``loss * weight`` summed over the micro-batches is the share's mean loss.
+    ``weight`` is each micro-batch's share of ``idx``, so that ``loss * weight`` summed over the micro-batches is
+    the share's mean loss.
     """
     out = []
     for start in range(0, len(idx), micro_batch_rollouts):
-        sel = torch.tensor(idx[start : start + micro_batch_rollouts], dtype=torch.long)
-        uniq, inverse = torch.unique(results.context_rows[sel], return_inverse=True)
+        sel = idx[start : start + micro_batch_rollouts]
         out.append(
-            {
-                "window_states": results.window_states[sel],
-                "window_steps": results.window_steps[sel],
-                "noise_coefs": results.noise_coefs[sel],
-                "sigmas": results.sigmas,
-                "old_logprobs": old_logp[sel],
-                "advantages": adv[sel].float(),
-                "loss_mask": None if mask is None else mask[sel],
-                "context": contexts.select(uniq),
-                "context_rows": inverse,
-                "request_ids": [results.request_ids[i] for i in sel.tolist()],
-                "weight": len(sel) / len(idx),
-            }
+            UpdateMicroBatch.from_results(
+                results,
+                contexts,
+                sel,
+                old_logprobs=old_logp,
+                advantages=adv,
+                loss_mask=mask,
+                weight=len(sel) / len(idx),
+            )
         )
     return out
 
@@ -136,7 +220,7 @@ def plan_updates(
     step: int,
     epochs: int,
     skip_zero_signal: bool = True,
-) -> tuple[list[list[list[dict]]], int]:
+) -> tuple[list[list[list[UpdateMicroBatch]]], int]:
     """Per-rank payloads: for each PPO epoch and mini-batch of whole prompt groups, equal rank shares.
 
     Args:
@@ -153,8 +237,8 @@ def plan_updates(
         skip_zero_signal: Leave out mini-batches whose every prompt group has all advantages 0 (a no-op update).
 
     Returns:
-        ``(per_rank, skipped)``: ``per_rank[r]`` lists rank ``r``'s mini-batches, each a list of micro-batch
-        dicts (:func:`micro_batches`); ``skipped`` counts the mini-batches left out.
+        ``(per_rank, skipped)``: ``per_rank[r]`` lists rank ``r``'s mini-batches, each a list of
+        ``UpdateMicroBatch`` (:func:`micro_batches`); ``skipped`` counts the mini-batches left out.
     """
     keys = results.sample_ids
     rows_of: dict[str, list[int]] = defaultdict(list)

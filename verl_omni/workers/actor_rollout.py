@@ -28,8 +28,10 @@ import torch
 from verl.single_controller.base import Worker
 from verl.single_controller.base.decorator import Dispatch, register
 
+from verl_omni.pipelines.wnm_3d.actor import UpdateMicroBatch
 from verl_omni.trainer.config import Stage3Config, trainer_config_from_dict
 from verl_omni.trainer.device import DeviceSpec, peak_memory_gb, reset_peak_memory, resolve_device
+from verl_omni.trainer.rollout_batch import GenerateOutput, GenerateShard
 
 
 def sampler_config_from(cfg: Stage3Config):
@@ -269,29 +271,28 @@ class ActorRolloutWorker(Worker):
         return context, target_latents
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE)
-    def generate(self, shard: dict) -> dict:
+    def generate(self, shard: GenerateShard) -> GenerateOutput:
         """Samples this rank's share of the step's rollouts.
 
         Args:
-            shard: ``{"rows": [Stage3Row], "source_root": str, "requests": [RolloutRequest],
-                "mode": "sde"|"ode"}``; each request's ``context_row`` indexes ``rows``.
+            shard: This rank's requests and their prompt rows (each request's ``context_row`` indexes ``rows``).
 
         Returns:
-            CPU tensors: results, the encoded contexts and the ground-truth target latents per prompt.
+            CPU tensors: results, the encoded contexts and the ground-truth target latents per prompt, timings.
         """
         t0 = time.perf_counter()
         reset_peak_memory(self.spec)
-        requests = shard["requests"]
-        context, target_latents = self._load_prompts(shard["rows"], shard["source_root"])
+        context, target_latents = self._load_prompts(shard.rows, shard.source_root)
         t_encode = time.perf_counter() - t0
-        results = self._rollout_generate(requests, context, ode=shard.get("mode", "sde") == "ode")
-        return {
-            "results": results,
-            "context": context.to("cpu", torch.float32),
-            "target_latents": target_latents.float().cpu(),
-            "timing": {"encode_s": t_encode, "generate_s": time.perf_counter() - t0 - t_encode},
-            "peak_memory_gb": peak_memory_gb(self.spec),
-        }
+        results = self._rollout_generate(shard.requests, context, ode=shard.mode == "ode")
+        return GenerateOutput(
+            results=results,
+            context=context.to("cpu", torch.float32),
+            target_latents=target_latents.float().cpu(),
+            encode_s=t_encode,
+            generate_s=time.perf_counter() - t0 - t_encode,
+            peak_memory_gb=peak_memory_gb(self.spec),
+        )
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def decode_video(self, latents: torch.Tensor) -> np.ndarray:
@@ -301,28 +302,23 @@ class ActorRolloutWorker(Worker):
 
     # ------------------------------------------------------------------------------------------- training
     @register(dispatch_mode=Dispatch.DP_COMPUTE)
-    def compute_logprobs(self, micro_batches: list[dict]) -> list[torch.Tensor]:
-        """Per-layer log-probs ``[R, W, 9]`` of stored transitions under the current weights (no grad).
-
-        Args:
-            micro_batches: :class:`~verl_omni.pipelines.wnm_3d.actor.UpdateMicroBatch` fields as dicts.
-        """
+    def compute_logprobs(self, micro_batches: list[UpdateMicroBatch]) -> list[torch.Tensor]:
+        """Per-layer log-probs ``[R, W, 9]`` of stored transitions under the current weights (no grad)."""
         return self.actor.compute_logprobs(micro_batches)
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE)
-    def update(self, payload: dict) -> dict:
+    def update(self, mini_batches: list[list[UpdateMicroBatch]]) -> dict:
         """PPO epochs over this rank's share of each mini-batch (:meth:`WNMDiffusionActor.update_policy`).
 
         Args:
-            payload: ``{"mini_batches": [[micro-batch, ...], ...]}``, each micro-batch an
-                :class:`~verl_omni.pipelines.wnm_3d.actor.UpdateMicroBatch` or a dict of its fields; every rank
-                receives the same number of mini-batches and micro-batches.
+            mini_batches: For each mini-batch this rank's micro-batches; every rank receives the same number of
+                mini-batches and micro-batches.
 
         Returns:
             The actor's metrics plus ``memory/update_peak_gb``.
         """
         reset_peak_memory(self.spec)
-        out = self.actor.update_policy(payload["mini_batches"])
+        out = self.actor.update_policy(mini_batches)
         self.version += 1
         self.backend.mark_weight_version(self.version)  # colocated: the backend runs the very module we just updated
         out["memory/update_peak_gb"] = peak_memory_gb(self.spec)

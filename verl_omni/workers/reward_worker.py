@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import time
 
-import numpy as np
 from verl.single_controller.base import Worker
 from verl.single_controller.base.decorator import Dispatch, register
+
+from verl_omni.utils.reward_score.types import RewardBatch, RewardScores
 
 
 class RewardWorker(Worker):
@@ -27,25 +28,14 @@ class RewardWorker(Worker):
         self.reward_set = build_reward_set(reward_set)
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE)
-    def score(self, batch: dict) -> dict:
-        """Scores one shard.
-
-        Args:
-            batch: Keyword arguments of ``RewardBatch`` (numpy arrays / lists; latents optional).
+    def score(self, batch: RewardBatch) -> RewardScores:
+        """Scores one shard (``RewardBatch.select`` of the step's batch).
 
         Returns:
-            ``{"scores": float32 [N, 9] in LAYER_NAMES order, "diagnostics": {name: array},
-            "warnings": [str], "score_s": float}``.
+            The shard's ``float32 [N, 9]`` scores in ``LAYER_NAMES`` order, diagnostics, warnings and time.
         """
-        from verl_omni.utils.reward_score import RewardBatch
-
         t0 = time.perf_counter()
-        if len(batch["rollout_id"]) == 0:
-            return {"scores": np.zeros((0, 9), np.float32), "diagnostics": {}, "warnings": [], "score_s": 0.0}
-        out = self.reward_set.score(RewardBatch(**batch))
-        return {
-            "scores": out.as_matrix(),
-            "diagnostics": out.diagnostics,
-            "warnings": out.warnings,
-            "score_s": time.perf_counter() - t0,
-        }
+        if batch.size == 0:
+            return RewardScores.empty()
+        out = self.reward_set.score(batch)
+        return RewardScores.from_output(out, time.perf_counter() - t0)

@@ -101,6 +101,7 @@ class UpdateMicroBatch:
         old_logprobs: torch.Tensor | None = None,
         advantages: torch.Tensor | None = None,
         weight: float = 1.0,
+        loss_mask: torch.Tensor | None = None,
     ) -> UpdateMicroBatch:
         """Rows ``rows`` of a ``RolloutResults`` with only the context rows they use.
 
@@ -111,6 +112,7 @@ class UpdateMicroBatch:
             old_logprobs: ``[R, W, 9]`` for all R rollouts (default: the rollout's own ``results.logprobs``).
             advantages: ``[R, 9]`` for all R rollouts, or None.
             weight: Loss share of this micro-batch.
+            loss_mask: ``[R, 9]`` bool live layers for all R rollouts, or None (all live).
         """
         sel = torch.as_tensor(list(rows), dtype=torch.long)
         uniq, inverse = torch.unique(results.context_rows[sel], return_inverse=True)
@@ -125,6 +127,7 @@ class UpdateMicroBatch:
             request_ids=[results.request_ids[i] for i in sel.tolist()],
             old_logprobs=old[sel],
             advantages=None if advantages is None else advantages[sel].float(),
+            loss_mask=None if loss_mask is None else loss_mask[sel],
             weight=weight,
         )
 

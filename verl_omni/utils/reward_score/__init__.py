@@ -23,7 +23,7 @@ from verl_omni.utils.reward_score.registry import (
 )
 from verl_omni.utils.reward_score.scene_cache import SceneCache
 from verl_omni.utils.reward_score.trajectory import GeometryConfig, RolloutGeometry, compute_geometry
-from verl_omni.utils.reward_score.types import EVENT_NAMES, RewardBatch, RewardOutput
+from verl_omni.utils.reward_score.types import EVENT_NAMES, RewardBatch, RewardOutput, RewardScores
 
 __all__ = [
     "EVENT_NAMES",
@@ -33,6 +33,7 @@ __all__ = [
     "RewardModule",
     "RewardModuleConfig",
     "RewardOutput",
+    "RewardScores",
     "RewardSet",
     "RewardSetConfig",
     "RolloutGeometry",

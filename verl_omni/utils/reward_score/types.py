@@ -2,12 +2,16 @@
 
 ``RewardBatch`` carries everything a reward module may read for ``N`` rollouts; ``RewardOutput`` carries
 one float32 score per rollout for every credit layer (``LAYER_NAMES``), named diagnostics and
-per-rollout warnings. Shapes follow ``docs/contracts.md``: 32 action steps ``(dx, dy, dyaw, stop)`` in
-metres / radians / {0, 1}, poses ``(x, y, yaw)`` in the scene frame.
+per-rollout warnings. Between the driver and the reward workers a shard is a ``RewardBatch``
+(:meth:`RewardBatch.select`) and the answer a ``RewardScores``, merged by :meth:`RewardScores.concat`.
+Shapes follow ``docs/contracts.md``: 32 action steps ``(dx, dy, dyaw, stop)`` in metres / radians / {0, 1},
+poses ``(x, y, yaw)`` in the scene frame.
 """
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -96,6 +100,15 @@ class RewardBatch:
         """``bool [N]``: rollouts whose query state carries event ``name``."""
         return np.array([name in ev for ev in self.events], dtype=bool)
 
+    def select(self, rows: slice) -> RewardBatch:
+        """The rollouts ``rows`` (a contiguous shard for one reward worker); absent optional fields stay None."""
+        return RewardBatch(
+            **{
+                f.name: None if getattr(self, f.name) is None else getattr(self, f.name)[rows]
+                for f in dataclasses.fields(self)
+            }
+        )
+
 
 @dataclass
 class RewardOutput:
@@ -126,3 +139,54 @@ class RewardOutput:
     def as_matrix(self) -> np.ndarray:
         """``float32 [N, len(LAYER_NAMES)]`` scores in ``LAYER_NAMES`` order."""
         return np.stack([self.scores[name] for name in LAYER_NAMES], axis=1).astype(np.float32)
+
+
+@dataclass
+class RewardScores:
+    """What one reward worker returns for its shard (:class:`RewardOutput` as a matrix, with its time).
+
+    Attributes:
+        scores: ``float32 [N, len(LAYER_NAMES)]`` in ``LAYER_NAMES`` order.
+        diagnostics: ``{"<module>/<term>": [N] or [N, 4]}`` as in :class:`RewardOutput`.
+        warnings: As in :class:`RewardOutput`.
+        score_s: Seconds the worker spent scoring.
+    """
+
+    scores: np.ndarray
+    diagnostics: dict[str, np.ndarray] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
+    score_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.scores.ndim != 2 or self.scores.shape[1] != len(LAYER_NAMES):
+            raise ValueError(f"RewardScores.scores must be [N, {len(LAYER_NAMES)}], got {list(self.scores.shape)}")
+
+    def __len__(self) -> int:
+        return self.scores.shape[0]
+
+    @classmethod
+    def empty(cls) -> RewardScores:
+        """The answer for a shard without rollouts."""
+        return cls(np.zeros((0, len(LAYER_NAMES)), np.float32))
+
+    @classmethod
+    def from_output(cls, out: RewardOutput, score_s: float) -> RewardScores:
+        return cls(out.as_matrix(), out.diagnostics, out.warnings, score_s)
+
+    @classmethod
+    def concat(cls, parts: Sequence[RewardScores]) -> RewardScores:
+        """Merges the workers' answers in shard order.
+
+        A diagnostic is kept only when every non-empty shard has it; ``score_s`` is the slowest worker's.
+        """
+        diagnostics: dict[str, np.ndarray] = {}
+        for key in parts[0].diagnostics:
+            vals = [p.diagnostics.get(key) for p in parts if len(p)]
+            if all(v is not None for v in vals):
+                diagnostics[key] = np.concatenate(vals)
+        return cls(
+            scores=np.concatenate([p.scores for p in parts]),
+            diagnostics=diagnostics,
+            warnings=[w for p in parts for w in p.warnings],
+            score_s=float(max(p.score_s for p in parts)),
+        )
