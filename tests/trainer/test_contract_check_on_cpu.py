@@ -24,6 +24,13 @@ LOCKED = read_locked_file(LOCKED_PATH)
 
 def test_flatten_nested_mapping():
     assert flatten({"a": {"b": 1, "c": {"d": [1, 2]}}, "e": None}) == {"a.b": 1, "a.c.d": [1, 2], "e": None}
+    # The one flatten of the locked check and the run provenance: an empty mapping (a reward module with its
+    # defaults) is a leaf, and tuples read as the lists JSON gives back.
+    assert flatten({"rewards": {"navigation": {}, "stop": {"weight": 1.0}}, "betas": (0.9, 0.999)}) == {
+        "rewards.navigation": {},
+        "rewards.stop.weight": 1.0,
+        "betas": [0.9, 0.999],
+    }
 
 
 def test_locked_file_has_16_rollouts_and_9_layers():

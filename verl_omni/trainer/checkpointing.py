@@ -218,17 +218,6 @@ def read_trainer_state(ckpt: Path) -> dict:
 
 
 # ----- provenance ------------------------------------------------------------------------------------------
-def _flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, value in tree.items():
-        path = f"{prefix}.{key}" if prefix else str(key)
-        if isinstance(value, Mapping) and value:
-            out.update(_flatten(value, path))
-        else:
-            out[path] = list(value) if isinstance(value, tuple) else value
-    return out
-
-
 def dataset_identity(path: str | Path) -> str:
     """``kind:content-sha256`` of a dataset's manifest (file, its directory, or a Parquet file beside it).
 
@@ -254,9 +243,9 @@ def checkpoint_identity(path: str | Path) -> str:
 
 def run_provenance(cfg_dict: Mapping[str, Any]) -> dict[str, Any]:
     """Flat ``item -> value`` record of a run from its resolved config (``Stage3Config.to_dict()``)."""
-    from verl_omni.trainer.locked_recipe import is_locked_key
+    from verl_omni.trainer.locked_recipe import flatten, is_locked_key
 
-    flat = _flatten(cfg_dict)
+    flat = flatten(cfg_dict)
     items: dict[str, Any] = {}
     for key, value in sorted(flat.items()):
         if key in _PATH_ITEMS:

@@ -30,14 +30,18 @@ PUBLISHED_FINGERPRINTS = {
 
 
 def flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
-    """Nested mapping -> ``{dotted.key: leaf}`` (lists are leaves)."""
+    """Nested mapping -> ``{dotted.key: leaf}``, as the locked check and the run provenance compare configs.
+
+    Lists are leaves and tuples become lists (as they read back from JSON). An empty mapping is a leaf too, so
+    that a setting such as ``reward.reward_set.rewards.navigation: {}`` (a module with its defaults) is kept.
+    """
     out: dict[str, Any] = {}
     for key, value in tree.items():
         path = f"{prefix}.{key}" if prefix else str(key)
-        if isinstance(value, Mapping):
+        if isinstance(value, Mapping) and value:
             out.update(flatten(value, path))
         else:
-            out[path] = value
+            out[path] = list(value) if isinstance(value, tuple) else value
     return out
 
 
