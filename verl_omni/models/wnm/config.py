@@ -45,6 +45,10 @@ class WNMConfig:
         text_dim: Width of text-encoder features (input of the Wan text projection).
         text_max_length: Tokens per instruction (padded).
         text_encoder_kind / text_encoder_layers: ``builtin`` byte encoder (layers used) or ``umt5``.
+        pooled_text_modulation: Also add the masked mean of the projected instruction tokens, through a small
+            zero-initialised MLP, to the timestep embedding that modulates every block (the pooled-text path of
+            SD3/Flux). Wan reads the instruction only through cross-attention, where context tokens never meet
+            each other; this gives the goal a global path. Off by default (Wan's layout, older checkpoints).
         image_encoder_kind / image_dim / image_tokens: ``builtin`` conv encoder or ``clip``; feature width and
             token count it produces.
         geometry_encoder_kind / geometry_dim / geometry_tokens / geometry_frames: ``builtin`` or
@@ -78,6 +82,7 @@ class WNMConfig:
     text_max_length: int = 32
     text_encoder_kind: str = "builtin"
     text_encoder_layers: int = 2
+    pooled_text_modulation: bool = False
     image_encoder_kind: str = "builtin"
     image_dim: int = 64
     image_tokens: int = 16
@@ -156,6 +161,11 @@ class WNMConfig:
             f"must be action_steps + 1 ({self.action_steps + 1}): one action per target frame transition",
         )
         _require(self.timestep_scale > 0, "timestep_scale", "must be > 0")
+        _require(
+            isinstance(self.pooled_text_modulation, bool),
+            "pooled_text_modulation",
+            f"must be true or false, got {self.pooled_text_modulation!r}",
+        )
 
     # ----- derived shapes -------------------------------------------------------------------------------
     @property

@@ -92,6 +92,13 @@ class WNMTransformer(nn.Module):
         self.geometry_projector = (
             _FeatureProjector(config.geometry_dim, d, config.eps) if config.variant == "wnm_3d" else None
         )
+        # Optional global goal path (config.pooled_text_modulation): pooled text tokens -> timestep embedding.
+        # Zero-initialised output, so a fresh model starts as the plain cross-attention model.
+        self.text_pool_projector = None
+        if config.pooled_text_modulation:
+            self.text_pool_projector = nn.Sequential(nn.Linear(d, d), nn.SiLU(), nn.Linear(d, d))
+            nn.init.zeros_(self.text_pool_projector[2].weight)
+            nn.init.zeros_(self.text_pool_projector[2].bias)
         self.compiled_blocks = False
         # "full": every token attends to every token (how Stage II trains). "isolated": history tokens attend
         # only among themselves, so their per-block keys/values depend on the context alone and are computed
@@ -234,7 +241,7 @@ class WNMTransformer(nn.Module):
         b = context.batch_size
         x = self._patchify(context.history_latents.to(dtype))
         nh = x.shape[1]
-        _, proj = self._time_embeddings(torch.zeros(b, device=x.device), dtype)
+        _, proj = self._time_embeddings(torch.zeros(b, device=x.device), dtype, context)
         cos, sin = self.rotary_embedding(x.device)
         rope = (cos[:, :nh], sin[:, :nh])
         ctx = context.encoder_tokens.to(dtype)
@@ -251,7 +258,7 @@ class WNMTransformer(nn.Module):
         dtype = self.patch_embedding.weight.dtype
         history = context.history_kv if context.history_kv is not None else self.history_kv(context)
         x = torch.cat([self._patchify(target_latents.to(dtype)), self.action_embedder(actions.to(dtype))], dim=1)
-        temb, proj = self._time_embeddings(sigma, dtype)
+        temb, proj = self._time_embeddings(sigma, dtype, context)
         cos, sin = self.rotary_embedding(x.device)
         nh = layout["history"].stop
         rope = (cos[:, nh:], sin[:, nh:])
@@ -283,8 +290,13 @@ class WNMTransformer(nn.Module):
         x = tokens.reshape(b, t, h, w, pt, ph, pw, -1).permute(0, 7, 1, 4, 2, 5, 3, 6)
         return x.flatten(6, 7).flatten(4, 5).flatten(2, 3)
 
-    def _time_embeddings(self, sigma: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    def _time_embeddings(
+        self, sigma: torch.Tensor, dtype: torch.dtype, context: WNMContext | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Embeddings of the two noise levels per sample: history (0) and target/actions (sigma).
+
+        With ``pooled_text_modulation`` the pooled instruction of ``context`` is added to both before the
+        projection to the blocks' modulation.
 
         Returns:
             ``temb [B, 2, D]`` and ``timestep_proj [B, 2, 6, D]``.
@@ -293,10 +305,26 @@ class WNMTransformer(nn.Module):
         t = torch.stack([torch.zeros_like(sigma), sigma], dim=1).float() * self.config.timestep_scale  # [B, 2]
         freq = ce.timesteps_proj(t.flatten())
         embed_dtype = next(iter(ce.time_embedder.parameters())).dtype
-        temb = ce.time_embedder(freq.to(embed_dtype)).to(dtype)
-        proj = ce.time_proj(ce.act_fn(temb))
         b = sigma.shape[0]
-        return temb.view(b, 2, -1), proj.view(b, 2, 6, -1)
+        temb = ce.time_embedder(freq.to(embed_dtype)).to(dtype).view(b, 2, -1)
+        if self.text_pool_projector is not None:
+            if context is None:
+                raise ValueError("pooled_text_modulation: the time embeddings need the context (its text tokens)")
+            temb = temb + self._pooled_text(context, dtype)[:, None]
+        proj = ce.time_proj(ce.act_fn(temb))
+        return temb, proj.view(b, 2, 6, -1)
+
+    def _pooled_text(self, context: WNMContext, dtype: torch.dtype) -> torch.Tensor:
+        """``[B, D]``: the projected text tokens (the first ``text_max_length`` context tokens), masked mean,
+        through ``text_pool_projector``."""
+        lt = self.config.text_max_length
+        tokens = context.encoder_tokens[:, :lt].to(dtype)
+        if context.encoder_mask is None:
+            weights = torch.ones(tokens.shape[:2], dtype=dtype, device=tokens.device)
+        else:
+            weights = context.encoder_mask[:, :lt].to(dtype)
+        pooled = (tokens * weights[..., None]).sum(1) / weights.sum(1, keepdim=True).clamp_min(1.0)
+        return self.text_pool_projector(pooled)
 
     def forward(
         self, target_latents: torch.Tensor, actions: torch.Tensor, sigma: torch.Tensor, context: WNMContext
@@ -346,7 +374,7 @@ class WNMTransformer(nn.Module):
         layout = self.sequence_layout()
         nh = layout["history"].stop
         groups = [nh, x.shape[1] - nh]  # clean history | noisy target + actions
-        temb, timestep_proj = self._time_embeddings(sigma, dtype)
+        temb, timestep_proj = self._time_embeddings(sigma, dtype, context)
         rope = self.rotary_embedding(x.device)
         ctx = context.encoder_tokens.to(dtype)
         mask = self._context_mask(context.encoder_mask)
