@@ -70,8 +70,8 @@ def main(argv: list[str] | None = None) -> int:
     refuse_nonempty_dir(out_dir, "--output-dir")
     refuse_nonempty_dir(occ_dir, "--occupancy-dir")
 
+    from verl_omni.contracts import MANIFEST_NAME
     from verl_omni.data.hashing import file_sha256
-    from verl_omni.models.wnm.checkpoint import MANIFEST_NAME
     from verl_omni.sim.collector import CollectorConfig, SceneError, SynthesisConfig
     from verl_omni.sim.dagger import collect_dagger_round, dagger_collection_meta, write_collection_meta
     from verl_omni.sim.levels import get_level
