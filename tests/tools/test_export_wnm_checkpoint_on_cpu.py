@@ -377,14 +377,14 @@ def test_export_reproduces_the_validation_the_actor_logged_at_that_step(trained_
     reward_set = build_reward_set({**cfg.reward.reward_set, "occupancy_root": str(train.occupancy_root)})
     scores, events = [], []
     for shard in shard_requests(requests, rows, cfg.topology.world_size):
-        frames = [read_row_frames(r, train.source_root) for r in shard["rows"]]
+        frames = [read_row_frames(r, train.source_root) for r in shard.rows]
         with torch.no_grad():
             ctx = model.encode_context(
-                torch.from_numpy(np.stack([h for h, _ in frames])), [r.instruction for r in shard["rows"]]
+                torch.from_numpy(np.stack([h for h, _ in frames])), [r.instruction for r in shard.rows]
             )
             target = model.encode_video(torch.from_numpy(np.stack([t for _, t in frames])))
-        res = backend.generate(shard["requests"], ctx, ode=True)
-        rr = [shard["rows"][int(i)] for i in res.context_rows]
+        res = backend.generate(shard.requests, ctx, ode=True)
+        rr = [shard.rows[int(i)] for i in res.context_rows]
         batch = RewardBatch(
             actions=res.actions.double().numpy(),
             start_pose=np.stack([r.start_pose for r in rr]),
