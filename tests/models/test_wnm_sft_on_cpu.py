@@ -269,3 +269,20 @@ def test_tool_set_overrides_a_preset_field(tmp_path, monkeypatch):
     out = tmp_path / "ckpt"
     assert _run_tool(["--output-dir", str(out), "--set", "text_encoder_layers=1", "--no-progress"], monkeypatch) == 0
     assert load_wnm_checkpoint(out).config.text_encoder_layers == 1
+
+
+def test_swap_partners_skip_the_same_instruction_and_the_same_example():
+    from types import SimpleNamespace
+
+    ids = {"a": [5, 6], "b": [7, 6], "c": [8, 8]}
+    data = SimpleNamespace(
+        rows=4,
+        text_ids=torch.tensor([ids["a"], ids["b"], ids["a"], ids["c"]]),
+        row_example=torch.tensor([0, 1, 2, 3]),
+    )
+    # Row 0 starts half the set away (row 2), which holds the same text "a", so it takes row 3 ("c"); row 2
+    # likewise skips row 0 ("a") for row 1 ("b"). Worked out by hand.
+    assert sft.swap_partners(data, torch.arange(4)).tolist() == [3, 3, 1, 1]
+    # Two rows of one example never pair, even with different text; a set with one text keeps every row.
+    one_example = SimpleNamespace(rows=2, text_ids=torch.tensor([ids["a"], ids["b"]]), row_example=torch.tensor([0, 0]))
+    assert sft.swap_partners(one_example, torch.arange(2)).tolist() == [0, 1]

@@ -45,3 +45,48 @@ def test_variants_share_the_trajectory_and_name_their_own_goal(tmp_path):
 def test_goal_variants_must_be_positive():
     with pytest.raises(ValueError, match="goal_variants"):
         SynthesisConfig(goal_variants=0)
+
+
+def test_scene_whose_variant_crossed_the_furniture_margin_is_synthesized(tmp_path):
+    # one_room, collection seed 0, scene 135: a variant's goal was reachable from the start but not from a later
+    # pose on the planner's map, which aborted the whole 200-scene collection. Every variant pose must reach.
+    level = get_level("one_room")
+    cfg = SynthesisConfig(num_scenes=200, episodes_per_scene=4, floorplan=level.floorplan(), goal_variants=3,
+                          collector=CollectorConfig(min_goal_distance_m=level.min_goal_distance_m))  # fmt: skip
+    (tmp_path / "episodes").mkdir()
+    summary = synthesize_scene(135, 0, cfg, tmp_path / "episodes", tmp_path / "occ")
+    assert summary["episodes"] > 4  # the driven episodes and at least one variant
+
+
+def test_unreachable_query_states_are_not_labelled():
+    from verl_omni.sim.collector import collect_episode, goal_candidates, label_episode
+    from verl_omni.sim.floorplan import generate_floor_plan
+    from verl_omni.sim.planner import ExpertPlanner
+    from verl_omni.sim.render import Renderer
+
+    level = get_level("one_room")
+    cc = CollectorConfig(min_goal_distance_m=level.min_goal_distance_m)
+    plan = generate_floor_plan(level.floorplan(), np.random.default_rng(3), scene_id="s0000")
+    occ = plan.occupancy()
+    seed_goal = next(
+        c[0] for f in plan.furniture if len(c := goal_candidates(plan, f.index, cc.planner, cc.goal_object_distance_m))
+    )
+    base = ExpertPlanner(occ, seed_goal, cc.planner)
+    renderer = Renderer(plan, cc.camera)
+    ep = collect_episode(plan, renderer, base, "s0000_e000", cc, np.random.default_rng(4))
+    rec = ep.record
+    planner = base.retarget(np.asarray(rec["goal"]))
+    poses = np.array(rec["poses"], dtype=np.float64)
+    t_bad = cc.query_stride  # a stride query state, labelled in the original episode
+    assert t_bad in [q["t"] for q in rec["queries"]]
+    # Move that state onto a cell the planner cannot leave (inside an obstacle's robot-radius margin).
+    grid = np.stack(np.meshgrid(np.arange(0.1, 6.0, 0.05), np.arange(0.1, 5.0, 0.05)), -1).reshape(-1, 2)
+    blocked = grid[~planner.reachable(grid)]
+    rows, cols = occ.world_to_grid(blocked)
+    inside = (rows >= 0) & (rows < occ.shape[0]) & (cols >= 0) & (cols < occ.shape[1])
+    poses[t_bad, :2] = blocked[inside][0]
+    relabelled = label_episode(plan, renderer, planner, "s0000_e000", next(
+        f.index for f in plan.furniture if f.name == rec["goal_object"]["name"]), rec["instructions"], poses, [],
+        bool(rec["policy_stopped"]), cc)  # fmt: skip
+    times = [q["t"] for q in relabelled.record["queries"]]
+    assert t_bad not in times and 0 in times  # the rest of the trajectory is still labelled

@@ -380,7 +380,11 @@ def label_episode(
     room = plan.rooms[obj.room].kind
     occ = plan.occupancy()
     queries, references = [], {}
-    for t in query_times(poses, planner, close_calls, cfg):
+    times = query_times(poses, planner, close_calls, cfg)
+    # A learned driver (DAgger) can end up where the planner's map has no path (inside the robot-radius margin
+    # of furniture, i.e. in collision): the expert cannot label such a state, so it is not queried.
+    reachable = planner.reachable(poses[times, :2])
+    for t in (t for t, ok in zip(times, reachable, strict=True) if ok):
         ref_poses, ref_stop = planner.continuation(poses[t], cfg.horizon)
         events = label_query(occ, goal, poses[t], ref_stop, cfg.success_radius, cfg.events)
         name = f"ref_{t}.mp4"

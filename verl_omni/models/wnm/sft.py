@@ -465,13 +465,25 @@ def heldout_loss(model: WNMModel, data: EncodedRows, cfg: SFTConfig) -> dict[str
 
 
 @torch.no_grad()
+def swap_partners(data: EncodedRows, rows: torch.Tensor) -> torch.Tensor:
+    """``[n]`` partners of ``rows [n]``: from half the set away on (cyclically), the first row of another example
+    with other token ids (a fixed offset alone can land on the same goal and swap nothing); a row without any
+    such partner keeps itself."""
+    total, ids, example = data.rows, data.text_ids.cpu(), data.row_example.cpu()
+    out = []
+    for r in rows.tolist():
+        cands = ((r + step) % total for step in range(total // 2, total // 2 + total))
+        out.append(next((o for o in cands if example[o] != example[r] and not torch.equal(ids[o], ids[r])), r))
+    return torch.tensor(out, dtype=torch.long)
+
+
 def instruction_gap(model: WNMModel, data: EncodedRows, cfg: SFTConfig) -> dict[str, float]:
     """Held-out action loss with each row's own instruction and with the instruction of another row.
 
     Same rows, noise and sigmas for both. The ``cfg.eval_rows`` rows are spread evenly over the whole set
-    (rows come in episode order, so the first rows would be a few episodes only), and each is paired with the
-    row half the set away: of another episode unless one episode fills half the set. A model that reads its
-    instruction loses accuracy when it is swapped (``gap > 0``); a model that ignores it scores the same.
+    (rows come in episode order, so the first rows would be a few episodes only), and each is paired with
+    :func:`swap_partners` (another example's, different, instruction). A model that reads its instruction loses
+    accuracy when it is swapped (``gap > 0``); a model that ignores it scores the same.
 
     Returns:
         ``{"action": loss with the own instruction, "action_swapped": with another's, "gap": their difference}``.
@@ -481,7 +493,7 @@ def instruction_gap(model: WNMModel, data: EncodedRows, cfg: SFTConfig) -> dict[
     g = torch.Generator().manual_seed(54321)
     n = min(cfg.eval_rows, data.rows)
     rows = torch.linspace(0, data.rows - 1, n).round().long()
-    other = (rows + data.rows // 2) % data.rows
+    other = swap_partners(data, rows)
     sigma = (torch.arange(n) + 0.5) / n
     totals = {"action": 0.0, "action_swapped": 0.0}
     dev = data.row_example.device
