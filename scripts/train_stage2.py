@@ -58,6 +58,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--lr", type=float, default=5e-4, help="AdamW learning rate (default 5e-4)")
     p.add_argument("--action-weight", type=float, default=4.0, help="weight of the action loss (default 4)")
     p.add_argument(
+        "--goal-aux-weight",
+        type=float,
+        default=0.0,
+        help="weight of the auxiliary goal-direction loss in SFT (models/wnm/goal_probe.py; default 0: off)",
+    )
+    p.add_argument(
         "--train-encoders",
         default="text_encoder,image_encoder,geometry_encoder",
         help="built-in encoders trained with the DiT, comma-separated, or 'none' (default: all three)",
@@ -177,8 +183,9 @@ def _check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> No
     for flag in ("beta0", "beta_decay"):
         if not 0.0 <= getattr(args, flag) <= 1.0:
             parser.error(f"--{flag.replace('_', '-')} must be in [0, 1], got {getattr(args, flag)}")
-    if not (args.lr > 0 and args.action_weight >= 0):
-        parser.error(f"--lr must be > 0 and --action-weight >= 0, got {args.lr}, {args.action_weight}")
+    if not (args.lr > 0 and args.action_weight >= 0 and args.goal_aux_weight >= 0):
+        parser.error(f"--lr must be > 0, --action-weight and --goal-aux-weight >= 0, got {args.lr}, "
+                     f"{args.action_weight}, {args.goal_aux_weight}")  # fmt: skip
     from verl_omni.models.wnm.sft import TRAINABLE_ENCODERS
 
     names = [] if args.train_encoders == "none" else args.train_encoders.split(",")
@@ -292,7 +299,8 @@ def _train_round(args, config, rnd: int, data: Path, ckpt: Path, state: RoundSta
     if not ckpt.is_dir():
         cfg_sft = sft.SFTConfig(steps=steps, batch_size=args.batch_size, lr=args.lr,
                                 action_weight=args.action_weight, eval_every=max(1, steps // 10), eval_rows=256,
-                                seed=args.seed + rnd, train_encoders=train_encoders)  # fmt: skip
+                                seed=args.seed + rnd, train_encoders=train_encoders,
+                                goal_aux_weight=args.goal_aux_weight)  # fmt: skip
         result = sft.train_sft(model, train_all, heldout, cfg_sft, progress)
         prov = {
             "tool": "scripts/train_stage2.py",
@@ -313,6 +321,9 @@ def _train_round(args, config, rnd: int, data: Path, ckpt: Path, state: RoundSta
              f"{result['final_heldout']['loss']:.3f} (action {result['final_heldout']['action']:.3f}); action loss "
              f"with another episode's instruction {result['instruction_gap']['action_swapped']:.3f} (gap "
              f"{result['instruction_gap']['gap']:+.4f})")  # fmt: skip
+        if result["goal_aux_losses"]:
+            aux, k = result["goal_aux_losses"], max(1, len(result["goal_aux_losses"]) // 10)
+            _log(f"round {rnd}: goal-direction loss {sum(aux[:k]) / k:.3f} -> {sum(aux[-k:]) / k:.3f}")
     else:  # resumed: the earlier rounds' rows were encoded by older encoders; describe them with this round's
         sft.refresh_features(model, train_all, train_encoders)
         sft.refresh_features(model, heldout, train_encoders)

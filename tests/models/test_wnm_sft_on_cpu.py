@@ -286,3 +286,11 @@ def test_swap_partners_skip_the_same_instruction_and_the_same_example():
     # Two rows of one example never pair, even with different text; a set with one text keeps every row.
     one_example = SimpleNamespace(rows=2, text_ids=torch.tensor([ids["a"], ids["b"]]), row_example=torch.tensor([0, 0]))
     assert sft.swap_partners(one_example, torch.arange(2)).tolist() == [0, 1]
+
+
+def test_examples_carry_the_goal_direction_of_their_query_pose(tmp_path):
+    from verl_omni.models.wnm.goal_probe import DISTANCE_SCALE_M
+
+    root = _write_collection(tmp_path / "gn0", episodes=1)  # pose (0, 0, 0) at t = 5, goal (2.8, 0): dead ahead
+    (example,) = sft.load_expert_examples(root, 33, (64, 64), progress=False)
+    np.testing.assert_allclose(example.goal_polar, [1.0, 0.0, 2.8 / DISTANCE_SCALE_M], atol=1e-6)

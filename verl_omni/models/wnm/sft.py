@@ -4,186 +4,38 @@ Used by ``tools/checkpoint/make_tiny_wnm_checkpoint.py`` and the Stage-II driver
 (which adds closed-loop DAgger rounds). Runs on any torch device: encoder outputs are cached once on the
 training device and every step draws its rows and noise there.
 
-Per query state t of an episode: history = ``rgb.mp4`` frames ``t-32 .. t`` (clamped at 0),
-target = the 33 frames of ``ref_<t>.mp4``, expert actions = ``poses_to_actions(reference_poses,
-reference_stop)``; one row per instruction variant. Whole episodes are held out for the held-out loss.
+The expert examples (one per query state, :mod:`.expert_data`) become one row per instruction variant; whole
+episodes are held out for the held-out loss. An optional auxiliary goal-direction loss (:mod:`.goal_probe`)
+trains with the flow-matching loss.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
-import re
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 import torch
 from tqdm import tqdm
 
-from verl_omni.data.actions import ActionNormalization, poses_to_actions
+from verl_omni.data.actions import ActionNormalization
 
 from .encoders import freeze
+from .expert_data import (  # noqa: F401  (re-exported: sft.* is the Stage-II API)
+    ExpertExample,
+    episode_group,
+    history_indices,
+    iter_expert_examples,
+    load_expert_examples,
+    split_by_episode,
+    split_episode_ids,
+    subsample,
+)
 from .flow_matching import joint_flow_matching_loss
+from .goal_probe import GoalProbe
 from .model import WNMModel
-
-
-@dataclass
-class ExpertExample:
-    """One query state of the expert data.
-
-    Attributes:
-        episode_id: Source episode.
-        history: uint8 ``[33, H, W, 3]``.
-        target: uint8 ``[33, H, W, 3]``.
-        actions: float64 ``[32, 4]`` raw expert actions.
-        instructions: Instruction variants of the episode.
-    """
-
-    episode_id: str
-    history: np.ndarray
-    target: np.ndarray
-    actions: np.ndarray
-    instructions: tuple[str, ...]
-
-
-def history_indices(t: int, frames: int) -> list[int]:
-    """Frame indices ``t - frames + 1 .. t`` clamped at 0 (as the converted rows, :mod:`verl_omni.data.schema`)."""
-    return [max(0, t - frames + 1 + i) for i in range(frames)]
-
-
-def _episode_examples(job: tuple[str, str, int]) -> list[ExpertExample]:
-    """The query states of one episode (a module-level function so process pools can pickle it)."""
-    from verl_omni.data.gn0 import RecordRejected, parse_episode
-    from verl_omni.data.video import read_frames
-
-    root, episode_id, history_frames = job
-    root = Path(root)
-    try:
-        ep = parse_episode(root, episode_id)
-    except RecordRejected:
-        return []  # the converter reports rejected records; SFT simply learns from the valid ones
-    out = []
-    # One forward decode of the episode video serves every query (a seek per query costs far more).
-    last = max((q.t for q in ep.queries), default=-1)
-    frames = read_frames(root / ep.video, list(range(last + 1))) if last >= 0 else None
-    for q in ep.queries:
-        history = frames[history_indices(q.t, history_frames)]
-        target = read_frames(root / q.reference_video, list(range(len(q.reference_poses))))
-        actions = poses_to_actions(q.reference_poses, q.reference_stop)
-        out.append(ExpertExample(episode_id, history, target, actions, tuple(ep.instructions)))
-    return out
-
-
-def iter_expert_examples(
-    collection: str | Path,
-    history_frames: int,
-    image_size: tuple[int, int],
-    progress: bool = True,
-    workers: int = 1,
-    episode_ids: list[str] | None = None,
-) -> Iterator[ExpertExample]:
-    """Yields every valid query of a GN0 collection (skipping rejected records), in episode order.
-
-    Args:
-        collection: Collection root.
-        history_frames / image_size: What the model needs.
-        progress: Show a progress bar.
-        workers: Processes decoding episodes (video decoding dominates; results keep episode order).
-        episode_ids: Only these episodes (default: all of the collection).
-
-    Raises:
-        ValueError: the collection's image size differs from the model's (names both), or an episode id is unknown.
-    """
-    from concurrent.futures import ProcessPoolExecutor
-
-    from verl_omni.data.gn0 import list_episode_ids, read_collection_info
-
-    info = read_collection_info(collection)
-    if tuple(info.image_size) != tuple(image_size):
-        raise ValueError(
-            f"{info.root / 'collection.json'}: field 'image_size' is {list(info.image_size)}, the model needs "
-            f"{list(image_size)}; pick a matching --size or re-synthesize the collection"
-        )
-    known = list_episode_ids(info.root)
-    if episode_ids is None:
-        episode_ids = known
-    else:
-        missing = sorted(set(episode_ids) - set(known))
-        if missing:
-            raise ValueError(f"{info.root}: unknown episode ids {missing[:5]} ({len(missing)} in all)")
-    jobs = [(str(info.root), eid, history_frames) for eid in episode_ids]
-    bar = tqdm(total=len(jobs), desc="read episodes", disable=not progress)
-    if workers <= 1 or len(jobs) <= 1:
-        for job in jobs:
-            yield from _episode_examples(job)
-            bar.update()
-    else:
-        # Processes, not threads: converting decoded frames to arrays holds the GIL (measured: 16 threads
-        # decoded no faster than 4.5 episodes/s). Pickling the arrays back costs a memcpy per frame.
-        with ProcessPoolExecutor(max_workers=min(workers, len(jobs))) as pool:
-            for part in pool.map(_episode_examples, jobs, chunksize=1):  # map keeps episode order
-                yield from part
-                bar.update()
-    bar.close()
-
-
-def load_expert_examples(
-    collection: str | Path,
-    history_frames: int,
-    image_size: tuple[int, int],
-    progress: bool = True,
-    workers: int = 1,
-    episode_ids: list[str] | None = None,
-) -> list[ExpertExample]:
-    """:func:`iter_expert_examples` as a list.
-
-    Raises:
-        ValueError: as :func:`iter_expert_examples`, or the collection has no valid query record.
-    """
-    examples = list(iter_expert_examples(collection, history_frames, image_size, progress, workers, episode_ids))
-    if not examples:
-        raise ValueError(f"{collection}: no valid query records")
-    return examples
-
-
-def subsample(examples: list[ExpertExample], max_examples: int) -> list[ExpertExample]:
-    """At most ``max_examples`` examples, evenly spaced over the (episode-ordered) list."""
-    if len(examples) <= max_examples:
-        return examples
-    keep = np.linspace(0, len(examples) - 1, max_examples).round().astype(int)
-    return [examples[i] for i in keep]
-
-
-_GOAL_VARIANT_SUFFIX = re.compile(r"_g\d+$")
-
-
-def episode_group(episode_id: str) -> str:
-    """The driven episode an id belongs to: goal variants ``<id>_g<k>`` (same states, other goal) go with ``<id>``."""
-    return _GOAL_VARIANT_SUFFIX.sub("", episode_id)
-
-
-def split_episode_ids(episode_ids: list[str], heldout_fraction: float, seed: int) -> tuple[list[str], list[str]]:
-    """Holds out whole driven episodes with all their goal variants (at least one, at most all but one).
-
-    Returns:
-        ``(train_ids, heldout_ids)``, sorted.
-    """
-    groups = sorted({episode_group(e) for e in episode_ids})
-    if len(groups) < 2:
-        raise ValueError(f"need >= 2 episodes to hold one out, the collection has {len(groups)}")
-    order = np.random.default_rng(seed).permutation(len(groups))
-    n_held = min(len(groups) - 1, max(1, round(heldout_fraction * len(groups))))
-    held = {groups[i] for i in order[:n_held]}
-    episodes = sorted(set(episode_ids))
-    return [e for e in episodes if episode_group(e) not in held], [e for e in episodes if episode_group(e) in held]
-
-
-def split_by_episode(examples: list[ExpertExample], heldout_fraction: float, seed: int):
-    """Examples split as :func:`split_episode_ids` splits their episodes. Returns ``(train, heldout)``."""
-    _, held_ids = split_episode_ids([e.episode_id for e in examples], heldout_fraction, seed)
-    held = set(held_ids)
-    return [e for e in examples if e.episode_id not in held], [e for e in examples if e.episode_id in held]
 
 
 @dataclass
@@ -202,6 +54,7 @@ class EncodedRows:
         text_ids: ``[R, Lt]`` long token ids per row.
         views: uint8 ``[N, V, H, W, 3]`` history frames at :func:`condition_view_indices` per example; the
             last one is the current view.
+        goal_polar: ``[N, 3]`` goal bearing/distance targets per example (None when an example lacks one).
     """
 
     history_latents: torch.Tensor
@@ -214,6 +67,7 @@ class EncodedRows:
     geometry: torch.Tensor | None
     text_ids: torch.Tensor
     views: torch.Tensor
+    goal_polar: torch.Tensor | None = None
 
     @property
     def rows(self) -> int:
@@ -240,7 +94,7 @@ class EncodedRows:
             if name == "row_example":
                 offsets = np.cumsum([0] + [p.examples for p in parts[:-1]])
                 values = [v + int(o) for v, o in zip(values, offsets, strict=True)]
-            fields[name] = None if values[0] is None else torch.cat(values)
+            fields[name] = None if any(v is None for v in values) else torch.cat(values)
         return cls(**fields)
 
     def features(self, rows: torch.Tensor) -> tuple[torch.Tensor, dict]:
@@ -301,7 +155,7 @@ def encode_examples(
     if calibrate:
         model.set_latent_statistics([0.0] * model.config.latent_channels, [1.0] * model.config.latent_channels)
     view_idx = condition_view_indices(model)
-    hist, targ, image, geometry, text, mask, ids, views, actions, row_ex = ([] for _ in range(10))
+    hist, targ, image, geometry, text, mask, ids, views, actions, row_ex, polar = ([] for _ in range(11))
     n = 0
 
     def flush(chunk: list[ExpertExample]) -> None:
@@ -324,6 +178,7 @@ def encode_examples(
         for j, e in enumerate(chunk):
             row_ex.extend([n + j] * len(e.instructions))
             actions.append(e.actions)
+            polar.append(e.goal_polar)
         n += len(chunk)
 
     chunk: list[ExpertExample] = []
@@ -361,6 +216,7 @@ def encode_examples(
         geometry=torch.cat(geometry) if geometry else None,
         text_ids=torch.cat(ids),
         views=torch.cat(views).to(hist.device),
+        goal_polar=None if any(v is None for v in polar) else torch.from_numpy(np.stack(polar)).to(hist.device),
     )
 
 
@@ -404,6 +260,7 @@ class SFTConfig:
             ``geometry_encoder``); the rest stay frozen. Stage II trains them because randomly initialised
             built-in encoders carry no meaning: a frozen random byte encoder left the policy blind to its
             instruction. They are frozen again afterwards (Stage III never updates them).
+        goal_aux_weight: Weight of the auxiliary goal-direction loss (:class:`goal_probe.GoalProbe`; 0 = off).
     """
 
     steps: int = 200
@@ -415,6 +272,7 @@ class SFTConfig:
     eval_rows: int = 64
     seed: int = 0
     train_encoders: tuple[str, ...] = ()
+    goal_aux_weight: float = 0.0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "train_encoders", tuple(self.train_encoders))
@@ -426,8 +284,8 @@ class SFTConfig:
                 raise ValueError(f"SFTConfig.{name}: must be >= 1, got {getattr(self, name)}")
         if not (self.lr > 0 and math.isfinite(self.lr)):
             raise ValueError(f"SFTConfig.lr: must be a positive number, got {self.lr}")
-        if self.weight_decay < 0 or self.action_weight < 0:
-            raise ValueError("SFTConfig.weight_decay and SFTConfig.action_weight must be >= 0")
+        if self.weight_decay < 0 or self.action_weight < 0 or not self.goal_aux_weight >= 0:
+            raise ValueError("SFTConfig.weight_decay, action_weight and goal_aux_weight must be >= 0")
 
 
 def _draw(data: EncodedRows, rows: torch.Tensor, g: torch.Generator, sigma: torch.Tensor | None = None):
@@ -526,6 +384,33 @@ def _trainable_encoders(model: WNMModel, names: tuple[str, ...]) -> list[torch.n
     return modules
 
 
+def _sft_loop(model, train, heldout, cfg, bar, g, opt, params, probe, curve, losses, window, aux_losses) -> None:
+    """The optimizer steps of :func:`train_sft` (appends to ``curve``, ``losses``, ``window``, ``aux_losses``)."""
+    for step in bar:
+        rows = torch.randint(0, train.rows, (cfg.batch_size,), generator=g)
+        x0, a0, s, ev, ea = _draw(train, rows, g)
+        rows = rows.to(train.row_example.device)
+        hist, feats = _trained_features(model, train, rows, cfg.train_encoders)
+        ctx = model.context_from_features(hist, feats)  # projectors train; frozen encoders' features are fixed
+        loss, _ = joint_flow_matching_loss(model.transformer, ctx, x0, a0, s, ev, ea, cfg.action_weight)
+        total = loss
+        if probe is not None:  # reads the hidden state recorded by the forward just above
+            aux = probe.loss(train.goal_polar[train.row_example[rows]])
+            total = loss + cfg.goal_aux_weight * aux
+            aux_losses.append(aux.item())
+        opt.zero_grad(set_to_none=True)
+        total.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        losses.append(loss.item())
+        window.append(loss.item())
+        if step % cfg.eval_every == 0 or step == cfg.steps:
+            held = heldout_loss(model, heldout, cfg)["loss"]
+            curve.append((step, float(np.mean(window)), held))
+            window.clear()
+            bar.set_postfix(train=f"{curve[-1][1]:.3f}", heldout=f"{held:.3f}")
+
+
 def train_sft(model: WNMModel, train: EncodedRows, heldout: EncodedRows, cfg: SFTConfig, progress: bool = True) -> dict:
     """AdamW flow-matching training of ``model.transformer`` (and of the ``cfg.train_encoders``).
 
@@ -534,7 +419,8 @@ def train_sft(model: WNMModel, train: EncodedRows, heldout: EncodedRows, cfg: SF
 
     Returns:
         ``{"initial_heldout", "final_heldout", "instruction_gap"`` (:func:`instruction_gap` of the held-out rows)
-        ``, "curve": [(step, train_loss_avg, heldout_loss)], "train_losses"}``.
+        ``, "curve": [(step, train_loss_avg, heldout_loss)], "train_losses", "goal_aux_losses"}`` (the last one
+        empty unless ``cfg.goal_aux_weight > 0``).
     """
     encoders = _trainable_encoders(model, cfg.train_encoders)
     params = list(model.transformer.parameters())
@@ -542,30 +428,23 @@ def train_sft(model: WNMModel, train: EncodedRows, heldout: EncodedRows, cfg: SF
         for p in module.parameters():
             p.requires_grad_(True)
         params += list(module.parameters())
+    probe = None
+    if cfg.goal_aux_weight > 0:
+        if train.goal_polar is None:
+            raise ValueError("SFTConfig.goal_aux_weight > 0 needs goal targets (ExpertExample.goal_polar, set for "
+                             "every example read from a GN0 collection)")  # fmt: skip
+        probe = GoalProbe(model.config.dim).to(train.goal_polar.device)
+        params += list(probe.parameters())
     g = torch.Generator().manual_seed(cfg.seed)
     opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
     initial = heldout_loss(model, heldout, cfg)
-    curve, losses, window = [(0, None, initial["loss"])], [], []
+    curve, losses, window, aux_losses = [(0, None, initial["loss"])], [], [], []
     model.train()  # frozen parts stay in eval mode; the built-in encoders have no dropout or batch norm
     bar = tqdm(range(1, cfg.steps + 1), desc="sft", disable=not progress)
     try:
-        for step in bar:
-            rows = torch.randint(0, train.rows, (cfg.batch_size,), generator=g)
-            x0, a0, s, ev, ea = _draw(train, rows, g)
-            hist, feats = _trained_features(model, train, rows.to(train.row_example.device), cfg.train_encoders)
-            ctx = model.context_from_features(hist, feats)  # projectors train; frozen encoders' features are fixed
-            loss, _ = joint_flow_matching_loss(model.transformer, ctx, x0, a0, s, ev, ea, cfg.action_weight)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(params, 1.0)
-            opt.step()
-            losses.append(loss.item())
-            window.append(loss.item())
-            if step % cfg.eval_every == 0 or step == cfg.steps:
-                held = heldout_loss(model, heldout, cfg)["loss"]
-                curve.append((step, float(np.mean(window)), held))
-                window = []
-                bar.set_postfix(train=f"{curve[-1][1]:.3f}", heldout=f"{held:.3f}")
+        attached = probe.attached(model.transformer) if probe is not None else contextlib.nullcontext()
+        with attached:
+            _sft_loop(model, train, heldout, cfg, bar, g, opt, params, probe, curve, losses, window, aux_losses)
     finally:
         for module in encoders:
             freeze(module)
@@ -580,6 +459,7 @@ def train_sft(model: WNMModel, train: EncodedRows, heldout: EncodedRows, cfg: SF
         "instruction_gap": instruction_gap(model, heldout, cfg),
         "curve": curve,
         "train_losses": losses,
+        "goal_aux_losses": aux_losses,
     }
 
 

@@ -1,0 +1,82 @@
+"""Auxiliary goal-direction target and head (verl_omni/models/wnm/goal_probe.py) and its use in SFT."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from verl_omni.models.wnm import WNMConfig, WNMModel, sft
+from verl_omni.models.wnm.goal_probe import DISTANCE_SCALE_M, GoalProbe, goal_polar
+
+
+def test_goal_polar_by_hand():
+    # Goal up and to the right of a robot facing +x: 45 degrees left, sqrt(2) m away.
+    got = goal_polar(np.array([0.0, 0.0, 0.0]), np.array([1.0, 1.0]))
+    np.testing.assert_allclose(got, [math.sqrt(0.5), math.sqrt(0.5), math.sqrt(2) / DISTANCE_SCALE_M], rtol=1e-6)
+    # Robot at (1, 1) facing +y, goal 2 m straight ahead: bearing 0.
+    got = goal_polar(np.array([1.0, 1.0, math.pi / 2]), np.array([1.0, 3.0]))
+    np.testing.assert_allclose(got, [1.0, 0.0, 2.0 / DISTANCE_SCALE_M], atol=1e-6)
+    # Goal behind a robot facing -x... is straight ahead of it.
+    got = goal_polar(np.array([0.0, 0.0, math.pi]), np.array([-4.0, 0.0]))
+    np.testing.assert_allclose(got, [1.0, 0.0, 1.0], atol=1e-6)
+
+
+def _examples(n_goals: int = 3, repeats: int = 4):
+    cfg = WNMConfig.from_size("tiny", num_layers=1)
+    rng = np.random.default_rng(0)
+    history = rng.integers(0, 255, (cfg.history_frames, *cfg.image_size, 3), dtype=np.uint8)
+    target = rng.integers(0, 255, (cfg.target_frames, *cfg.image_size, 3), dtype=np.uint8)
+    out = []
+    for k in range(repeats):
+        for j in range(n_goals):
+            bearing = -1.0 + j  # one goal direction per instruction
+            polar = np.array([math.cos(bearing), math.sin(bearing), 0.5], np.float32)
+            out.append(sft.ExpertExample(f"e{k}_{j}", history, target, np.zeros((32, 4)), (f"goal number {j}",),
+                                         polar))  # fmt: skip
+    return cfg, out
+
+
+def test_probe_needs_a_forward_and_trains_the_dit():
+    cfg, examples = _examples(repeats=1)
+    torch.manual_seed(0)
+    model = WNMModel(cfg)
+    rows = sft.encode_examples(model, examples, progress=False, calibrate=True, fit_normalization=True)
+    probe = GoalProbe(cfg.dim)
+    with pytest.raises(RuntimeError, match="no transformer forward"):
+        probe.loss(rows.goal_polar)
+    hist, feats = rows.features(torch.arange(rows.rows))
+    ctx = model.context_from_features(hist, feats)
+    b = rows.rows
+    with probe.attached(model.transformer):
+        model.transformer(rows.target_latents, rows.actions, torch.full((b,), 0.5), ctx)
+        loss = probe.loss(rows.goal_polar)
+    loss.backward()
+    # The loss reaches the DiT's blocks (through the action tokens' hidden state), not only the head.
+    assert model.transformer.blocks[0].attn1.to_q.weight.grad.abs().sum() > 0
+    assert not model.transformer.action_norm_out._forward_pre_hooks  # detached on exit
+
+
+def test_sft_with_goal_loss_learns_it_and_weight_zero_changes_nothing():
+    cfg, examples = _examples()
+    torch.manual_seed(0)
+    model = WNMModel(cfg)
+    rows = sft.encode_examples(model, examples, progress=False, calibrate=True, fit_normalization=True)
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+
+    def run(weight, polar):
+        model.load_state_dict(state)
+        data = sft.EncodedRows(**{**rows.__dict__, "goal_polar": polar})
+        c = sft.SFTConfig(steps=40, batch_size=6, lr=1e-3, eval_every=40, eval_rows=6, goal_aux_weight=weight)
+        return sft.train_sft(model, data, data, c, progress=False)
+
+    plain = run(0.0, None)
+    zero = run(0.0, rows.goal_polar)
+    assert zero["train_losses"] == plain["train_losses"] and zero["goal_aux_losses"] == []  # off = unchanged
+    with_aux = run(1.0, rows.goal_polar)
+    aux = with_aux["goal_aux_losses"]
+    assert len(aux) == 40 and np.mean(aux[-5:]) < 0.5 * np.mean(aux[:5])  # it learns the instruction -> direction
+    with pytest.raises(ValueError, match="goal_aux_weight > 0 needs goal targets"):
+        run(1.0, None)
+    with pytest.raises(ValueError, match="goal_aux_weight"):
+        sft.SFTConfig(goal_aux_weight=-1.0)

@@ -1,0 +1,72 @@
+"""An auxiliary Stage-II target: where is the named goal, seen from the robot? (SFT only; never saved.)
+
+The action loss alone tells the model what the expert did, and in the synthetic data most of that can be read
+from the views without the instruction (measured: every Stage-II checkpoint so far ignores it). Auxiliary
+goal-direction targets are a standard aid in embodied navigation: a small head on the DiT's action tokens
+predicts the goal's bearing (cos, sin) and distance in the robot frame, which the model can only know by finding
+the named object in its views. The target comes from the episode record (query pose and goal point), the head
+lives only during SFT (the checkpoint and Stage III never see it), and its gradient flows into the DiT through
+the action tokens' last hidden state.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+
+import numpy as np
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+DISTANCE_SCALE_M = 4.0  # distances are regressed as d / 4 m so that the three targets have similar ranges
+
+
+def goal_polar(pose: np.ndarray, goal: np.ndarray) -> np.ndarray:
+    """``float32 [3]``: ``(cos b, sin b, d / DISTANCE_SCALE_M)`` of the goal in the robot frame.
+
+    Args:
+        pose: ``[3]`` world pose ``(x, y, yaw)``.
+        goal: ``[2]`` world goal point.
+    """
+    dx, dy = float(goal[0] - pose[0]), float(goal[1] - pose[1])
+    bearing = math.atan2(dy, dx) - float(pose[2])
+    return np.array([math.cos(bearing), math.sin(bearing), math.hypot(dx, dy) / DISTANCE_SCALE_M], np.float32)
+
+
+class GoalProbe(nn.Module):
+    """Head predicting :func:`goal_polar` from the mean of the action tokens' final hidden states.
+
+    Args:
+        dim: DiT width D.
+    """
+
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.net = nn.Sequential(nn.LayerNorm(dim), nn.Linear(dim, dim), nn.GELU(), nn.Linear(dim, 3))
+        self._hidden: torch.Tensor | None = None
+
+    @contextlib.contextmanager
+    def attached(self, transformer: nn.Module):
+        """Records the action tokens' hidden state ``[B, 32, D]`` (the input of ``action_norm_out``) while open."""
+
+        def keep(_module, inputs):
+            self._hidden = inputs[0]
+
+        handle = transformer.action_norm_out.register_forward_pre_hook(keep)
+        try:
+            yield self
+        finally:
+            handle.remove()
+            self._hidden = None
+
+    def loss(self, target: torch.Tensor) -> torch.Tensor:
+        """Mean squared error of the last recorded forward against ``target [B, 3]``.
+
+        Raises:
+            RuntimeError: no forward ran while attached.
+        """
+        if self._hidden is None:
+            raise RuntimeError("GoalProbe.loss: no transformer forward was recorded (use `with probe.attached(...)`)")
+        pred = self.net(self._hidden.float().mean(1))
+        return F.mse_loss(pred, target.to(pred.device, pred.dtype))
