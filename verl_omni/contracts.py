@@ -29,6 +29,15 @@ CONTRACT_SECTIONS = ("model_config", "transform_metadata", "action_normalization
 # The model variants: wnm_3d (geometry tokens in the context) and the wnm_2d baseline (none). Each has its pipeline
 # package, verl_omni.pipelines.<variant>.
 VARIANTS = ("wnm_3d", "wnm_2d")
+# The credit layers every reward, advantage, log-prob and loss is keyed by, in this order (one visual layer, then
+# the navigation and STOP layers of each of the action's chunks). Defined here, torch-free, so that the config
+# and the contract check read the same names as the rollout (verl_omni.pipelines.wnm_shared.layers).
+NUM_CHUNKS = 4
+LAYER_NAMES: tuple[str, ...] = (
+    "visual",
+    *(f"nav_{k}" for k in range(1, NUM_CHUNKS + 1)),
+    *(f"stop_{k}" for k in range(1, NUM_CHUNKS + 1)),
+)
 
 __all__ = [
     "CHECKPOINT_FORMAT",
@@ -37,6 +46,8 @@ __all__ = [
     "MANIFEST_FORMAT",
     "MANIFEST_NAME",
     "NORMALIZATION_NAME",
+    "LAYER_NAMES",
+    "NUM_CHUNKS",
     "VARIANTS",
     "CheckpointError",
     "ContractMismatchError",

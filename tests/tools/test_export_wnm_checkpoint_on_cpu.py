@@ -357,7 +357,6 @@ def test_export_reproduces_the_validation_the_actor_logged_at_that_step(trained_
     from verl_omni.trainer.ray_trainer import VAL_STEP_KEY
     from verl_omni.trainer.rollout_batch import shard_requests
     from verl_omni.utils.reward_score import RewardBatch, build_reward_set
-    from verl_omni.workers.actor_rollout import sampler_config_from
 
     run = Path(trained_run["output_dir"])
     cfg = trainer_config_from_dict(json.loads((run / "resolved_config.json").read_text()))
@@ -366,7 +365,7 @@ def test_export_reproduces_the_validation_the_actor_logged_at_that_step(trained_
     model = load_wnm_checkpoint(exported_step2)
     backend = NativeRolloutBackend.from_model(
         model,
-        sampler_config_from(cfg),
+        cfg.rollout.sampler_config(),
         NativeBackendConfig(deterministic=cfg.trainer.deterministic, chunk_size=cfg.rollout.micro_batch_size),
     )
     train = Stage3Dataset.open(cfg.data.train_root)

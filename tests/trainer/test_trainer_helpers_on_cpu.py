@@ -115,3 +115,21 @@ def test_config_validation_names_the_field():
         trainer_config_from_dict(_minimal(algorithm={"layer_weights": {"visual": 1.0}}))
     with pytest.raises(ConfigError, match="rollout.window.range"):
         trainer_config_from_dict(_minimal(rollout={"window": {"range": [0, 20]}}))
+
+
+def test_sections_build_the_sampler_loss_and_advantage_configs():
+    cfg = trainer_config_from_dict(
+        _minimal(
+            rollout={"num_steps": 12, "shift": 2.5, "strata": 2, "branches": 8, "shared_initial_noise": False},
+            algorithm={"clip_eps": 0.2, "kl_beta": 0.01, "baseline": "prompt", "layer_conditioned": False},
+        )
+    )
+    sampler = cfg.rollout.sampler_config()
+    assert (sampler.num_steps, sampler.shift, sampler.num_strata, sampler.num_branches) == (12, 2.5, 2, 8)
+    assert sampler.shared_initial_noise is False
+    assert sampler.window_size == cfg.rollout.window.size and sampler.window_start == cfg.rollout.window.start
+    loss = cfg.algorithm.loss_config()
+    assert (loss.clip_eps, loss.kl_beta) == (0.2, 0.01) and loss.layer_weights == dict(cfg.algorithm.layer_weights)
+    adv = cfg.algorithm.advantage_config(cfg.rollout)
+    assert (adv.baseline, adv.num_strata, adv.num_branches, adv.layer_conditioned) == ("prompt", 2, 8, False)
+    assert (adv.eps, adv.a_max) == (cfg.algorithm.adv_eps, cfg.algorithm.adv_clip)

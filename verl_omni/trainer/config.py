@@ -16,9 +16,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from verl_omni.contracts import VARIANTS
+from verl_omni.contracts import LAYER_NAMES, VARIANTS
 
-LAYER_NAMES = ("visual", "nav_1", "nav_2", "nav_3", "nav_4", "stop_1", "stop_2", "stop_3", "stop_4")
 RECIPE_NAME = "wnm-3d-stage3-navigation-grpo-r1"
 
 
@@ -136,6 +135,26 @@ class RolloutConfig:
     micro_batch_size: int = 16
     dtype: str = "auto"
 
+    def sampler_config(self):
+        """This section as the sampler's own config (:class:`~verl_omni.pipelines.wnm_shared.SamplerConfig`)."""
+        from verl_omni.pipelines.wnm_shared.config import SamplerConfig  # torch; only where a sampler is built
+
+        w = self.window
+        return SamplerConfig(
+            num_steps=self.num_steps,
+            shift=self.shift,
+            eta=self.eta,
+            sde_type=self.sde_type,
+            window_strategy=w.strategy,
+            window_size=w.size,
+            window_range=tuple(w.range),
+            window_start=w.start,
+            progressive_interval=w.progressive_interval,
+            num_strata=self.strata,
+            num_branches=self.branches,
+            shared_initial_noise=self.shared_initial_noise,
+        )
+
     @property
     def rollouts_per_prompt(self) -> int:
         return self.strata * self.branches
@@ -190,6 +209,27 @@ class AlgorithmConfig:
     ppo_epochs: int = 1
     recompute_old_logp: bool = False
     max_nonfinite_updates: int = 3
+
+    def loss_config(self):
+        """The clipped-loss settings of this section (:class:`~verl_omni.trainer.diffusion.config.LossConfig`)."""
+        from verl_omni.trainer.diffusion.config import LossConfig
+
+        return LossConfig(clip_eps=self.clip_eps, layer_weights=dict(self.layer_weights), kl_beta=self.kl_beta)
+
+    def advantage_config(self, rollout: RolloutConfig):
+        """The advantage estimator's settings (:class:`~verl_omni.trainer.diffusion.config.AdvantageConfig`);
+        the strata and branches come from the ``rollout`` section."""
+        from verl_omni.trainer.diffusion.config import AdvantageConfig
+
+        return AdvantageConfig(
+            baseline=self.baseline,
+            std=self.std,
+            eps=self.adv_eps,
+            a_max=self.adv_clip,
+            num_strata=rollout.strata,
+            num_branches=rollout.branches,
+            layer_conditioned=self.layer_conditioned,
+        )
 
     def validate(self, p: str = "algorithm") -> None:
         _require(tuple(self.layers) == LAYER_NAMES, f"{p}.layers", f"must be {list(LAYER_NAMES)}")

@@ -214,18 +214,9 @@ class Stage3Trainer:
     def _advantages(self, scores: np.ndarray, results, valid: np.ndarray | None = None):
         """The step's advantages (layer-conditioned, or the summed ablation) from its ``[N, 9]`` scores."""
         from verl_omni.trainer.diffusion.advantages import estimate_advantages
-        from verl_omni.trainer.diffusion.config import AdvantageConfig
 
         a = self.cfg.algorithm
-        acfg = AdvantageConfig(
-            baseline=a.baseline,
-            std=a.std,
-            eps=a.adv_eps,
-            a_max=a.adv_clip,
-            num_strata=self.cfg.rollout.strata,
-            num_branches=self.cfg.rollout.branches,
-            layer_conditioned=a.layer_conditioned,
-        )
+        acfg = a.advantage_config(self.cfg.rollout)
         # valid: the reward set's live layers (geometry/layer_valid); dead chunks leave the loss.
         return estimate_advantages(scores, results.sample_ids, results.strata, acfg, valid, a.layer_weights)
 

@@ -34,34 +34,6 @@ from verl_omni.trainer.device import DeviceSpec, peak_memory_gb, reset_peak_memo
 from verl_omni.trainer.rollout_batch import GenerateOutput, GenerateShard
 
 
-def sampler_config_from(cfg: Stage3Config):
-    """The rollout section of the trainer config as the sampler's own config."""
-    from verl_omni.pipelines.wnm_shared.config import SamplerConfig
-
-    r = cfg.rollout
-    return SamplerConfig(
-        num_steps=r.num_steps,
-        shift=r.shift,
-        eta=r.eta,
-        sde_type=r.sde_type,
-        window_strategy=r.window.strategy,
-        window_size=r.window.size,
-        window_range=tuple(r.window.range),
-        window_start=r.window.start,
-        progressive_interval=r.window.progressive_interval,
-        num_strata=r.strata,
-        num_branches=r.branches,
-        shared_initial_noise=r.shared_initial_noise,
-    )
-
-
-def loss_config_from(cfg: Stage3Config):
-    from verl_omni.trainer.diffusion.config import LossConfig
-
-    a = cfg.algorithm
-    return LossConfig(clip_eps=a.clip_eps, layer_weights=dict(a.layer_weights), kl_beta=a.kl_beta)
-
-
 def lr_lambda(cfg: Stage3Config):
     """LR multiplier per optimizer step: linear warmup, then constant or cosine to ``min_lr_ratio``."""
     from verl_omni.pipelines.wnm_3d.actor import lr_multiplier
@@ -175,7 +147,7 @@ class ActorRolloutWorker(Worker):
         self.backend = pipeline.build_backend(
             model,
             "native",
-            sampler_config_from(cfg),
+            cfg.rollout.sampler_config(),
             NativeBackendConfig(
                 device=str(device),
                 dtype="float32",
@@ -193,7 +165,7 @@ class ActorRolloutWorker(Worker):
             self.backend.layout,
             self.optimizer,
             self.scheduler,
-            loss_config=loss_config_from(cfg),
+            loss_config=cfg.algorithm.loss_config(),
             grad_clip=cfg.actor.grad_clip,
             device=device,
             # The rollout's rows per DiT call: the same batch shape makes the recomputed bf16 log-probs exact.
@@ -237,7 +209,7 @@ class ActorRolloutWorker(Worker):
         from verl_omni.pipelines.wnm_vllm_omni.ray_actor import start_rollout_actor
 
         rollout = start_rollout_actor(
-            model.config, model.action_normalization, engine_cfg, sampler_config_from(cfg), colocate=True
+            model.config, model.action_normalization, engine_cfg, cfg.rollout.sampler_config(), colocate=True
         )
         rollout.sleep()
         return rollout

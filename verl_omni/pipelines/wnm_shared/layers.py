@@ -18,14 +18,9 @@ from dataclasses import dataclass, field
 
 import torch
 
+from verl_omni.contracts import LAYER_NAMES, NUM_CHUNKS
 from verl_omni.data.actions import ActionLayout
 
-NUM_CHUNKS = 4
-LAYER_NAMES: tuple[str, ...] = (
-    "visual",
-    *(f"nav_{k}" for k in range(1, NUM_CHUNKS + 1)),
-    *(f"stop_{k}" for k in range(1, NUM_CHUNKS + 1)),
-)
 NUM_LAYERS = len(LAYER_NAMES)
 # Column groups of a ``[N, 9]`` layer table (rewards, advantages), by name rather than by position.
 VISUAL_LAYER = LAYER_NAMES.index("visual")
