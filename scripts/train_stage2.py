@@ -243,11 +243,17 @@ def _load_round_cache(cache: Path, ckpt: Path) -> RoundState | None:
     if not (cache.is_file() and (ckpt / "checkpoint_manifest.json").is_file()):
         return None
     # Our own file, written by _save_round_cache in this run folder; it holds dataclasses, so not weights_only.
-    saved = torch.load(cache, map_location="cpu", weights_only=False)
-    if saved.pop("checkpoint_sha256") != _checkpoint_digest(ckpt):
+    try:
+        saved = torch.load(cache, map_location="cpu", weights_only=False)
+        digest = saved.pop("checkpoint_sha256")
+        state = RoundState(**saved)
+    except Exception as e:  # truncated or from another version of this script: the round is encoded again
+        _log(f"{cache}: unreadable ({type(e).__name__}: {e}); encoding again")
+        return None
+    if digest != _checkpoint_digest(ckpt):
         _log(f"{cache.name} belongs to another {ckpt.name}; encoding again")
         return None
-    return RoundState(**saved)
+    return state
 
 
 def _train_round(args, config, rnd: int, data: Path, ckpt: Path, state: RoundState, train_encoders, progress: bool,

@@ -15,6 +15,37 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 TRAIN_SIZE = 8
 
+# Smallest plan that still exercises everything: 1 prompt (16 rollouts over 2 ranks), 3 denoising steps.
+SMALLEST_PLAN = {
+    "trainer.val_freq": 0,
+    "trainer.log_media_freq": 0,
+    "topology.prompts_per_step": 1,
+    "topology.ppo_mini_batch_prompts": 1,
+    "topology.micro_batch_rollouts": 8,
+    "rollout.num_steps": 3,
+    "rollout.window.range": [0, 2],
+    "rollout.window.size": 1,
+}
+
+
+def set_recipe_env(monkeypatch, tmp_path: Path, checkpoint: Path, **extra: str) -> dict:
+    """The launch variables of a 3-CPU-worker recipe run on ``tmp_path``, set with ``monkeypatch``."""
+    env = {
+        "WNM3D_INITIAL_CHECKPOINT": str(checkpoint),
+        "WAM_DATA_CONTRACT_CHECKPOINT": str(checkpoint),
+        "WAM_DATA_ROOT": str(tmp_path),
+        "WAM_EVENT_VAL_FILE": str(tmp_path / "v.parquet"),
+        "WAM_EXPECTED_TRAIN_SIZE": "24",
+        "WAM_VAL_MAX_SAMPLES": "4",
+        "WAM_OUTPUT_DIR": str(tmp_path / "out"),
+        "WAM_GPUS_PER_NODE": "0",
+        "WAM_CPU_WORKERS": "3",
+        **extra,
+    }
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    return env
+
 
 def run_cli(args: list[str], timeout: int = 600, env: dict | None = None) -> subprocess.CompletedProcess:
     """Runs a repo command with this interpreter; fails the test with its output when it fails."""

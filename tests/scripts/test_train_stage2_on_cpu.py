@@ -48,3 +48,22 @@ def test_bad_flags_are_refused_before_any_work(tmp_path):
         proc = subprocess.run([*base, *extra], capture_output=True, text=True, timeout=120)
         assert proc.returncode == 2 and needle in proc.stderr, proc.stderr
     assert not (tmp_path / "w").exists()
+
+
+def test_round_cache_that_cannot_be_used_is_encoded_again(tmp_path, capsys):
+    import runpy
+
+    ns = runpy.run_path(str(REPO / "scripts/train_stage2.py"), run_name="train_stage2")
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    (ckpt / "checkpoint_manifest.json").write_text("{}")
+    cache = tmp_path / "r0.rows.pt"
+    cache.write_bytes(b"not a torch file")  # e.g. a copy cut short
+    assert ns["_load_round_cache"](cache, ckpt) is None
+    assert "unreadable" in capsys.readouterr().out
+    # A cache written for another checkpoint is not used either.
+    ns["_save_round_cache"](cache, ckpt, ns["RoundState"](steps_total=3))
+    assert ns["_load_round_cache"](cache, ckpt).steps_total == 3
+    (ckpt / "checkpoint_manifest.json").write_text('{"other": 1}')
+    assert ns["_load_round_cache"](cache, ckpt) is None
+    assert "belongs to another" in capsys.readouterr().out

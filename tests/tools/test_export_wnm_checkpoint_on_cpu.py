@@ -384,18 +384,7 @@ def test_export_reproduces_the_validation_the_actor_logged_at_that_step(trained_
             target = model.encode_video(torch.from_numpy(np.stack([t for _, t in frames])))
         res = backend.generate(shard.requests, ctx, ode=True)
         rr = [shard.rows[int(i)] for i in res.context_rows]
-        batch = RewardBatch(
-            actions=res.actions.double().numpy(),
-            start_pose=np.stack([r.start_pose for r in rr]),
-            reference_poses=np.stack([r.reference_poses for r in rr]),
-            goal=np.stack([r.goal for r in rr]),
-            success_radius=np.array([r.success_radius for r in rr], dtype=np.float64),
-            events=[list(r.events) for r in rr],
-            scene_id=[r.scene_id for r in rr],
-            rollout_id=list(res.request_ids),
-            generated_latents=res.video_latents.float().numpy(),
-            target_latents=target[res.context_rows].float().numpy(),
-        )
+        batch = RewardBatch.from_rollouts(rr, res.actions, res.request_ids, res.video_latents, target[res.context_rows])
         scores.append(reward_set.score(batch).as_matrix())
         events += [set(r.events) for r in rr]
     scores = np.concatenate(scores)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from stage3_e2e_helpers import set_recipe_env
+
 from verl_omni.trainer import main_stage3, ray_trainer
 from verl_omni.trainer.contract_check import check_config
 from verl_omni.trainer.contract_env import Report, Settings
@@ -12,19 +14,7 @@ CONFIG_DIR = Path(__file__).resolve().parents[2] / "recipes" / "wnm_3d" / "stage
 
 
 def test_driver_and_contract_check_resolve_the_same_topology(monkeypatch, tmp_path, capsys):
-    env = {
-        "WNM3D_INITIAL_CHECKPOINT": str(tmp_path),
-        "WAM_DATA_CONTRACT_CHECKPOINT": str(tmp_path),
-        "WAM_DATA_ROOT": str(tmp_path),
-        "WAM_EVENT_VAL_FILE": str(tmp_path / "v.parquet"),
-        "WAM_EXPECTED_TRAIN_SIZE": "24",
-        "WAM_VAL_MAX_SAMPLES": "4",
-        "WAM_OUTPUT_DIR": str(tmp_path / "out"),
-        "WAM_GPUS_PER_NODE": "0",
-        "WAM_CPU_WORKERS": "3",
-    }
-    for k, v in env.items():
-        monkeypatch.setenv(k, v)
+    env = set_recipe_env(monkeypatch, tmp_path, tmp_path)
     seen = {}
 
     def fake_run(cfg, snapshot):

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from stage3_e2e_helpers import REPO, run_cli, write_trainer_config
+from stage3_e2e_helpers import REPO, SMALLEST_PLAN, run_cli, write_trainer_config
 
 REQUIRED_TAGS = [
     *(
@@ -43,19 +43,6 @@ REQUIRED_TAGS = [
     "perf/rollouts_per_s",
     "memory/update_peak_gb",
 ]
-
-
-# Smallest plan that still exercises everything: 1 prompt (16 rollouts over 2 ranks), 3 denoising steps.
-SMALLEST_PLAN = {
-    "trainer.val_freq": 0,
-    "trainer.log_media_freq": 0,
-    "topology.prompts_per_step": 1,
-    "topology.ppo_mini_batch_prompts": 1,
-    "topology.micro_batch_rollouts": 8,
-    "rollout.num_steps": 3,
-    "rollout.window.range": [0, 2],
-    "rollout.window.size": 1,
-}
 
 
 def _metrics(out: Path) -> dict[int, dict]:

@@ -12,22 +12,10 @@ import json
 
 import pytest
 import torch
-from stage3_e2e_helpers import build_workspace, run_cli, write_trainer_config
+from stage3_e2e_helpers import SMALLEST_PLAN, build_workspace, run_cli, write_trainer_config
 
 # One prompt (16 rollouts over 2 ranks), 3 denoising steps, a window of one SDE step, no validation or media.
-ONE_STEP = {
-    "model.variant": "wnm_2d",
-    "trainer.total_steps": 1,
-    "trainer.save_freq": 1,
-    "trainer.val_freq": 0,
-    "trainer.log_media_freq": 0,
-    "topology.prompts_per_step": 1,
-    "topology.ppo_mini_batch_prompts": 1,
-    "topology.micro_batch_rollouts": 8,
-    "rollout.num_steps": 3,
-    "rollout.window.range": [0, 2],
-    "rollout.window.size": 1,
-}
+ONE_STEP = {**SMALLEST_PLAN, "model.variant": "wnm_2d", "trainer.total_steps": 1, "trainer.save_freq": 1}
 
 
 @pytest.mark.timeout(900)

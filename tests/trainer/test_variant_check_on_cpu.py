@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from stage3_e2e_helpers import set_recipe_env
 
 from verl_omni.data.actions import ActionNormalization
 from verl_omni.models.wnm import WNMConfig, WNMModel, save_wnm_checkpoint
@@ -65,26 +66,9 @@ def test_driver_refuses_a_checkpoint_of_the_other_variant_before_anything_runs(
     assert not out.exists() and not ray.is_initialized()  # nothing written, no Ray started
 
 
-def _recipe_env(monkeypatch, tmp_path, ckpt: Path) -> dict:
-    env = {
-        "WNM3D_INITIAL_CHECKPOINT": str(ckpt),
-        "WAM_DATA_CONTRACT_CHECKPOINT": str(ckpt),
-        "WAM_DATA_ROOT": str(tmp_path),
-        "WAM_EVENT_VAL_FILE": str(tmp_path / "v.parquet"),
-        "WAM_EXPECTED_TRAIN_SIZE": "24",
-        "WAM_VAL_MAX_SAMPLES": "4",
-        "WAM_OUTPUT_DIR": str(tmp_path / "out"),
-        "WAM_GPUS_PER_NODE": "0",
-        "WAM_CPU_WORKERS": "3",
-    }
-    for k, v in env.items():
-        monkeypatch.setenv(k, v)
-    return env
-
-
 def test_contract_check_refuses_a_wnm_2d_checkpoint_for_the_wnm_3d_recipe(checkpoints, monkeypatch, tmp_path):
     ckpt = checkpoints["wnm_2d"]
-    env = _recipe_env(monkeypatch, tmp_path, ckpt)
+    env = set_recipe_env(monkeypatch, tmp_path, ckpt)
     report = Report()
     settings = Settings(paths={"WNM3D_INITIAL_CHECKPOINT": ckpt}, ints={"WAM_EXPECTED_TRAIN_SIZE": 24})
     assert check_config(settings, env, CONFIG_DIR, report) is None
@@ -101,7 +85,7 @@ def test_contract_check_refuses_a_wnm_2d_checkpoint_for_the_wnm_3d_recipe(checkp
 
 def test_contract_check_accepts_a_wnm_3d_checkpoint_for_the_wnm_3d_recipe(checkpoints, monkeypatch, tmp_path):
     ckpt = checkpoints["wnm_3d"]
-    env = _recipe_env(monkeypatch, tmp_path, ckpt)
+    env = set_recipe_env(monkeypatch, tmp_path, ckpt)
     report = Report()
     settings = Settings(paths={"WNM3D_INITIAL_CHECKPOINT": ckpt}, ints={"WAM_EXPECTED_TRAIN_SIZE": 24})
     assert check_config(settings, env, CONFIG_DIR, report) is not None and report.success, report.failures

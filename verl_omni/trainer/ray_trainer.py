@@ -196,17 +196,8 @@ class Stage3Trainer:
 
         by_id = {r.sample_id: r for r in rows}
         rr = [by_id[q.sample_id] for q in results.requests]
-        batch = RewardBatch(
-            actions=results.actions.double().numpy(),
-            start_pose=np.stack([r.start_pose for r in rr]),
-            reference_poses=np.stack([r.reference_poses for r in rr]),
-            goal=np.stack([r.goal for r in rr]),
-            success_radius=np.array([r.success_radius for r in rr], dtype=np.float64),
-            events=[list(r.events) for r in rr],
-            scene_id=[r.scene_id for r in rr],
-            rollout_id=list(results.request_ids),
-            generated_latents=results.video_latents.float().numpy(),
-            target_latents=targets[results.context_rows].float().numpy(),
+        batch = RewardBatch.from_rollouts(
+            rr, results.actions, results.request_ids, results.video_latents, targets[results.context_rows]
         )
         shards = [batch.select(sl) for sl in split_balanced(len(rr), self.cfg.reward.num_workers)]
         return RewardScores.concat(self._call("reward", self.reward_wg.score, shards))

@@ -100,6 +100,30 @@ class RewardBatch:
         """``bool [N]``: rollouts whose query state carries event ``name``."""
         return np.array([name in ev for ev in self.events], dtype=bool)
 
+    @classmethod
+    def from_rollouts(cls, rows, actions, rollout_ids, generated_latents, target_latents) -> RewardBatch:
+        """The batch of N rollouts from the data row each one was sampled for.
+
+        Args:
+            rows: N training rows (``start_pose``, ``reference_poses``, ``goal``, ``success_radius``,
+                ``events``, ``scene_id``), one per rollout.
+            actions: ``[N, 32, 4]`` decoded actions (tensor).
+            rollout_ids: N rollout ids.
+            generated_latents / target_latents: ``[N, C, T', h, w]`` tensors.
+        """
+        return cls(
+            actions=actions.double().numpy(),
+            start_pose=np.stack([r.start_pose for r in rows]),
+            reference_poses=np.stack([r.reference_poses for r in rows]),
+            goal=np.stack([r.goal for r in rows]),
+            success_radius=np.array([r.success_radius for r in rows], dtype=np.float64),
+            events=[list(r.events) for r in rows],
+            scene_id=[r.scene_id for r in rows],
+            rollout_id=list(rollout_ids),
+            generated_latents=generated_latents.float().numpy(),
+            target_latents=target_latents.float().numpy(),
+        )
+
     def select(self, rows: slice) -> RewardBatch:
         """The rollouts ``rows`` (a contiguous shard for one reward worker); absent optional fields stay None."""
         return RewardBatch(
