@@ -64,6 +64,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="weight of the auxiliary goal-direction loss in SFT (models/wnm/goal_probe.py; default 0: off)",
     )
     p.add_argument(
+        "--independent-action-noise",
+        type=float,
+        default=0.0,
+        help="share of SFT rows whose actions get a noise level of their own (SFTConfig; default 0: off)",
+    )
+    p.add_argument(
         "--train-encoders",
         default="text_encoder,image_encoder,geometry_encoder",
         help="built-in encoders trained with the DiT, comma-separated, or 'none' (default: all three)",
@@ -186,6 +192,8 @@ def _check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> No
     if not (args.lr > 0 and args.action_weight >= 0 and args.goal_aux_weight >= 0):
         parser.error(f"--lr must be > 0, --action-weight and --goal-aux-weight >= 0, got {args.lr}, "
                      f"{args.action_weight}, {args.goal_aux_weight}")  # fmt: skip
+    if not 0.0 <= args.independent_action_noise <= 1.0:
+        parser.error(f"--independent-action-noise must be in [0, 1], got {args.independent_action_noise}")
     from verl_omni.models.wnm.sft import TRAINABLE_ENCODERS
 
     names = [] if args.train_encoders == "none" else args.train_encoders.split(",")
@@ -306,7 +314,8 @@ def _train_round(args, config, rnd: int, data: Path, ckpt: Path, state: RoundSta
         cfg_sft = sft.SFTConfig(steps=steps, batch_size=args.batch_size, lr=args.lr,
                                 action_weight=args.action_weight, eval_every=max(1, steps // 10), eval_rows=256,
                                 seed=args.seed + rnd, train_encoders=train_encoders,
-                                goal_aux_weight=args.goal_aux_weight)  # fmt: skip
+                                goal_aux_weight=args.goal_aux_weight,
+                                independent_action_noise=args.independent_action_noise)  # fmt: skip
         result = sft.train_sft(model, train_all, heldout, cfg_sft, progress)
         prov = {
             "tool": "scripts/train_stage2.py",
@@ -319,6 +328,7 @@ def _train_round(args, config, rnd: int, data: Path, ckpt: Path, state: RoundSta
             "initial_heldout_loss": result["initial_heldout"],
             "final_heldout_loss": result["final_heldout"],
             "instruction_gap": result["instruction_gap"],
+            "goal_direction": result["goal_direction"],
             "arguments": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
         }
         model.eval()
@@ -329,7 +339,10 @@ def _train_round(args, config, rnd: int, data: Path, ckpt: Path, state: RoundSta
              f"{result['instruction_gap']['gap']:+.4f})")  # fmt: skip
         if result["goal_aux_losses"]:
             aux, k = result["goal_aux_losses"], max(1, len(result["goal_aux_losses"]) // 10)
-            _log(f"round {rnd}: goal-direction loss {sum(aux[:k]) / k:.3f} -> {sum(aux[-k:]) / k:.3f}")
+            gd = result["goal_direction"]
+            _log(f"round {rnd}: goal-direction loss {sum(aux[:k]) / k:.3f} -> {sum(aux[-k:]) / k:.3f}; held-out "
+                 f"bearing error {gd['bearing_error_deg']:.1f} deg with the own instruction, "
+                 f"{gd['bearing_error_deg_swapped']:.1f} with another's (constant {gd['constant']:.1f})")  # fmt: skip
     else:  # resumed: the earlier rounds' rows were encoded by older encoders; describe them with this round's
         sft.refresh_features(model, train_all, train_encoders)
         sft.refresh_features(model, heldout, train_encoders)

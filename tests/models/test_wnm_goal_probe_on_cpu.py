@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from verl_omni.models.wnm import WNMConfig, WNMModel, sft
-from verl_omni.models.wnm.goal_probe import DISTANCE_SCALE_M, GoalProbe, goal_polar
+from verl_omni.models.wnm.goal_probe import DISTANCE_SCALE_M, GoalProbe, bearing_error_deg, goal_polar
 
 
 def test_goal_polar_by_hand():
@@ -76,7 +76,25 @@ def test_sft_with_goal_loss_learns_it_and_weight_zero_changes_nothing():
     with_aux = run(1.0, rows.goal_polar)
     aux = with_aux["goal_aux_losses"]
     assert len(aux) == 40 and np.mean(aux[-5:]) < 0.5 * np.mean(aux[:5])  # it learns the instruction -> direction
+    # The held-out grounding report: own and swapped bearing errors, their gap, and the constant answer.
+    gd = with_aux["goal_direction"]
+    assert plain["goal_direction"] is None
+    assert gd["gap"] == pytest.approx(gd["bearing_error_deg_swapped"] - gd["bearing_error_deg"])
+    # Bearings -1, 0, +1 rad in equal shares: their mean direction is 0, so the constant answer is off by
+    # (1 + 0 + 1) / 3 rad on average.
+    assert gd["constant"] == pytest.approx(math.degrees(2 / 3), abs=1e-3)
     with pytest.raises(ValueError, match="goal_aux_weight > 0 needs goal targets"):
         run(1.0, None)
     with pytest.raises(ValueError, match="goal_aux_weight"):
         sft.SFTConfig(goal_aux_weight=-1.0)
+
+
+def test_bearing_error_by_hand():
+    def unit(deg):
+        return [math.cos(math.radians(deg)), math.sin(math.radians(deg)), 0.3]
+
+    pred = torch.tensor([unit(0), unit(170), [2.0, 0.0, 0.0], unit(-45)])
+    target = torch.tensor([unit(90), unit(-170), unit(30), unit(-45)])
+    # 90 degrees; 20 across the +-180 seam (not 340); the length of the prediction does not matter; 0.
+    torch.testing.assert_close(bearing_error_deg(pred, target), torch.tensor([90.0, 20.0, 30.0, 0.0]), atol=1e-4,
+                               rtol=0)  # fmt: skip

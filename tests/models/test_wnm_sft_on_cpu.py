@@ -294,3 +294,35 @@ def test_examples_carry_the_goal_direction_of_their_query_pose(tmp_path):
     root = _write_collection(tmp_path / "gn0", episodes=1)  # pose (0, 0, 0) at t = 5, goal (2.8, 0): dead ahead
     (example,) = sft.load_expert_examples(root, 33, (64, 64), progress=False)
     np.testing.assert_allclose(example.goal_polar, [1.0, 0.0, 2.8 / DISTANCE_SCALE_M], atol=1e-6)
+
+
+def test_independent_action_noise_off_is_unchanged_and_on_changes_the_draws(tmp_path):
+    root = _write_collection(tmp_path / "gn0", episodes=2)
+    examples = sft.load_expert_examples(root, 33, (64, 64), progress=False)
+    torch.manual_seed(0)
+    model = WNMModel(WNMConfig.from_size("tiny", num_layers=1), sft.fit_action_normalization(examples))
+    rows = sft.encode_examples(model, examples, progress=False, calibrate=True)
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    seen = []
+    real_loss = sft.joint_flow_matching_loss
+
+    def spy(*args, **kwargs):
+        seen.append(args[8] if len(args) > 8 else kwargs.get("action_sigma"))
+        return real_loss(*args, **kwargs)
+
+    def run(share):
+        model.load_state_dict(state)
+        seen.clear()
+        cfg = sft.SFTConfig(steps=6, batch_size=4, eval_every=6, eval_rows=4, independent_action_noise=share)
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(sft, "joint_flow_matching_loss", spy)
+            out = sft.train_sft(model, rows, rows, cfg, progress=False)
+        return out["train_losses"], [s for s in seen if s is not None]
+
+    default_losses, default_levels = run(0.0)
+    assert default_levels == []  # off: every row shares the video's level, no extra draw
+    losses, levels = run(1.0)
+    assert len(levels) == 6 and all(lv.shape == (4,) and ((lv >= 0) & (lv <= 1)).all() for lv in levels)
+    assert losses != default_losses
+    with pytest.raises(ValueError, match="independent_action_noise"):
+        sft.SFTConfig(independent_action_noise=1.5)

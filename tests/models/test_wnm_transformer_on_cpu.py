@@ -246,3 +246,42 @@ def test_activation_checkpointing_keeps_gradients():
         grads.append(torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None]))
     assert grads[0].abs().max() > 0
     assert torch.equal(grads[0], grads[1])
+
+
+def test_action_sigma_equal_to_sigma_is_the_shared_forward(cfg):
+    torch.manual_seed(0)
+    model = WNMTransformer(cfg)
+    x, a, s, ctx = _inputs(cfg)
+    for grad in (False, True):  # the no-grad and the autograd paths of the grouped modulation
+        with torch.set_grad_enabled(grad):
+            shared = model(x, a, s, ctx)
+            split = model(x, a, s, ctx, action_sigma=s.clone())
+        assert torch.equal(shared[0], split[0]) and torch.equal(shared[1], split[1])
+
+
+def test_action_sigma_reaches_only_the_action_tokens_modulation(cfg):
+    # Without blocks, every output token depends only on its own embedding and its group's noise level, so the
+    # split forward must give the video of a shared forward at sigma and the actions of one at action_sigma.
+    torch.manual_seed(0)
+    model = WNMTransformer(cfg).eval()
+    model.blocks = torch.nn.ModuleList()
+    x, a, _, ctx = _inputs(cfg)
+    s_video, s_action = torch.tensor([0.9, 0.2]), torch.tensor([0.1, 0.7])
+    with torch.no_grad():
+        v_split, a_split = model(x, a, s_video, ctx, action_sigma=s_action)
+        v_video_level, _ = model(x, a, s_video, ctx)
+        _, a_action_level = model(x, a, s_action, ctx)
+        _, a_video_level = model(x, a, s_video, ctx)
+    assert torch.equal(v_split, v_video_level)
+    assert torch.equal(a_split, a_action_level)
+    assert not torch.allclose(a_split, a_video_level)
+
+
+def test_action_sigma_is_checked(cfg):
+    model = WNMTransformer(cfg)
+    x, a, s, ctx = _inputs(cfg)
+    with pytest.raises(ValueError, match="action_sigma must be"):
+        model(x, a, s, ctx, action_sigma=torch.rand(3))
+    model.set_history_attention("isolated")
+    with pytest.raises(ValueError, match="Stage-II training input"):
+        model(x, a, s, ctx, action_sigma=s)

@@ -49,6 +49,10 @@ class WNMConfig:
             zero-initialised MLP, to the timestep embedding that modulates every block (the pooled-text path of
             SD3/Flux). Wan reads the instruction only through cross-attention, where context tokens never meet
             each other; this gives the goal a global path. Off by default (Wan's layout, older checkpoints).
+        text_gated_context: Multiply the projected image (and geometry) context tokens channel-wise by a gate
+            ``1 + tanh(Linear(pooled text))``, the gated-attention fusion of Chaplot et al. 2018 (cf. FiLM), so
+            "is the named object here" becomes a feature of each visual token. The Linear layers are
+            zero-initialised: a fresh model equals the plain one. Off by default (Wan's layout, older checkpoints).
         image_encoder_kind / image_dim / image_tokens: ``builtin`` conv encoder or ``clip``; feature width and
             token count it produces.
         geometry_encoder_kind / geometry_dim / geometry_tokens / geometry_frames: ``builtin`` or
@@ -83,6 +87,7 @@ class WNMConfig:
     text_encoder_kind: str = "builtin"
     text_encoder_layers: int = 2
     pooled_text_modulation: bool = False
+    text_gated_context: bool = False
     image_encoder_kind: str = "builtin"
     image_dim: int = 64
     image_tokens: int = 16
@@ -161,11 +166,8 @@ class WNMConfig:
             f"must be action_steps + 1 ({self.action_steps + 1}): one action per target frame transition",
         )
         _require(self.timestep_scale > 0, "timestep_scale", "must be > 0")
-        _require(
-            isinstance(self.pooled_text_modulation, bool),
-            "pooled_text_modulation",
-            f"must be true or false, got {self.pooled_text_modulation!r}",
-        )
+        for name in ("pooled_text_modulation", "text_gated_context"):
+            _require(isinstance(getattr(self, name), bool), name, f"must be true or false, got {getattr(self, name)!r}")
 
     # ----- derived shapes -------------------------------------------------------------------------------
     @property

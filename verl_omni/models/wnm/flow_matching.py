@@ -2,7 +2,8 @@
 
 Convention (shared with the rollout's :mod:`verl_omni.pipelines.wnm_shared.sde`): ``x_s = (1 - s) x0 + s eps``
 with ``s`` in [0, 1]; the model predicts the velocity ``v = d x_s / d s = eps - x0``.
-Video and actions of a sample share ``s``.
+Video and actions of a sample share ``s``, except in Stage-II training with independent action noise, where
+the actions get their own level (``action_sigma``).
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ def joint_flow_matching_loss(
     video_eps: torch.Tensor,
     action_eps: torch.Tensor,
     action_weight: float = 1.0,
+    action_sigma: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Mean-squared velocity error on video latents plus ``action_weight`` times that on actions.
 
@@ -46,13 +48,20 @@ def joint_flow_matching_loss(
         sigma: ``[B]`` noise levels.
         video_eps / action_eps: Gaussian noise like the clean inputs.
         action_weight: Weight of the action term.
+        action_sigma: ``[B]`` noise levels of the actions when they differ from the video's; None = ``sigma``.
 
     Returns:
         ``(loss, {"video": float, "action": float})``.
     """
-    v_video, v_action = transformer(
-        interpolate(video_x0, video_eps, sigma), interpolate(action_x0, action_eps, sigma), sigma, context
-    )
+    if action_sigma is None:  # the ordinary call (positional, as every caller and the compiled forward expect)
+        v_video, v_action = transformer(
+            interpolate(video_x0, video_eps, sigma), interpolate(action_x0, action_eps, sigma), sigma, context
+        )
+    else:
+        v_video, v_action = transformer(
+            interpolate(video_x0, video_eps, sigma), interpolate(action_x0, action_eps, action_sigma), sigma, context,
+            action_sigma=action_sigma,
+        )  # fmt: skip
     video = F.mse_loss(v_video.float(), velocity_target(video_x0, video_eps).float())
     action = F.mse_loss(v_action.float(), velocity_target(action_x0, action_eps).float())
     return video + action_weight * action, {"video": video.item(), "action": action.item()}

@@ -60,13 +60,23 @@ class GoalProbe(nn.Module):
             handle.remove()
             self._hidden = None
 
-    def loss(self, target: torch.Tensor) -> torch.Tensor:
-        """Mean squared error of the last recorded forward against ``target [B, 3]``.
+    def predict(self) -> torch.Tensor:
+        """``[B, 3]`` prediction from the last recorded forward.
 
         Raises:
             RuntimeError: no forward ran while attached.
         """
         if self._hidden is None:
-            raise RuntimeError("GoalProbe.loss: no transformer forward was recorded (use `with probe.attached(...)`)")
-        pred = self.net(self._hidden.float().mean(1))
+            raise RuntimeError("GoalProbe: no transformer forward was recorded (use `with probe.attached(...)`)")
+        return self.net(self._hidden.float().mean(1))
+
+    def loss(self, target: torch.Tensor) -> torch.Tensor:
+        """Mean squared error of the last recorded forward against ``target [B, 3]``."""
+        pred = self.predict()
         return F.mse_loss(pred, target.to(pred.device, pred.dtype))
+
+
+def bearing_error_deg(pred: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """``[B]`` absolute angle in degrees between the bearings ``(cos, sin)`` of ``pred`` and ``target [B, >=2]``."""
+    diff = torch.atan2(pred[:, 1], pred[:, 0]) - torch.atan2(target[:, 1], target[:, 0])
+    return torch.rad2deg(torch.atan2(torch.sin(diff), torch.cos(diff)).abs())

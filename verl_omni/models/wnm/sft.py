@@ -34,7 +34,7 @@ from .expert_data import (  # noqa: F401  (re-exported: sft.* is the Stage-II AP
     subsample,
 )
 from .flow_matching import joint_flow_matching_loss
-from .goal_probe import GoalProbe
+from .goal_probe import GoalProbe, bearing_error_deg
 from .model import WNMModel
 
 
@@ -261,6 +261,11 @@ class SFTConfig:
             built-in encoders carry no meaning: a frozen random byte encoder left the policy blind to its
             instruction. They are frozen again afterwards (Stage III never updates them).
         goal_aux_weight: Weight of the auxiliary goal-direction loss (:class:`goal_probe.GoalProbe`; 0 = off).
+        independent_action_noise: Share of training rows whose actions get their own noise level, drawn
+            independently of the video's (0 = off, every row shares one level as in rollouts). Why: with one
+            shared level the action tokens can read the expert's motion off the barely noisy target video
+            (inverse dynamics) at low noise; rows whose video is noisier than their actions must predict the
+            actions from the history and the instruction alone (the decoupled noise of unified world models).
     """
 
     steps: int = 200
@@ -273,6 +278,7 @@ class SFTConfig:
     seed: int = 0
     train_encoders: tuple[str, ...] = ()
     goal_aux_weight: float = 0.0
+    independent_action_noise: float = 0.0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "train_encoders", tuple(self.train_encoders))
@@ -286,6 +292,10 @@ class SFTConfig:
             raise ValueError(f"SFTConfig.lr: must be a positive number, got {self.lr}")
         if self.weight_decay < 0 or self.action_weight < 0 or not self.goal_aux_weight >= 0:
             raise ValueError("SFTConfig.weight_decay, action_weight and goal_aux_weight must be >= 0")
+        if not 0.0 <= self.independent_action_noise <= 1.0:
+            raise ValueError(
+                f"SFTConfig.independent_action_noise: must be in [0, 1], got {self.independent_action_noise}"
+            )
 
 
 def _draw(data: EncodedRows, rows: torch.Tensor, g: torch.Generator, sigma: torch.Tensor | None = None):
@@ -370,6 +380,47 @@ def instruction_gap(model: WNMModel, data: EncodedRows, cfg: SFTConfig) -> dict[
     return totals
 
 
+@torch.no_grad()
+def goal_direction_gap(model: WNMModel, probe: GoalProbe, data: EncodedRows, cfg: SFTConfig) -> dict[str, float]:
+    """Held-out goal-bearing error of the goal-direction head with each row's own instruction and another's.
+
+    The grounding test that the action loss cannot give: the head must say where the *named* object is, so a
+    model that finds it in the views answers better with its own instruction than with one naming another
+    object (``gap > 0``), and a model that ignores the instruction scores the same with both. Rows, pairing,
+    noise and sigmas as :func:`instruction_gap`. ``constant`` is the error of always answering the held-out rows'
+    mean bearing (what a head that learned nothing conditional gets at best).
+
+    Returns:
+        ``{"bearing_error_deg", "bearing_error_deg_swapped", "gap", "constant"}`` (mean absolute degrees).
+    """
+    was_training = model.transformer.training
+    model.transformer.eval()
+    g = torch.Generator().manual_seed(54321)
+    n = min(cfg.eval_rows, data.rows)
+    rows = torch.linspace(0, data.rows - 1, n).round().long()
+    other = swap_partners(data, rows)
+    sigma = (torch.arange(n) + 0.5) / n
+    dev = data.row_example.device
+    target = data.goal_polar[data.row_example[rows.to(dev)]].float()
+    errors: dict[str, list[torch.Tensor]] = {"bearing_error_deg": [], "bearing_error_deg_swapped": []}
+    with probe.attached(model.transformer):
+        for pos in torch.arange(n).split(16):
+            chunk, chunk_other = rows[pos], other[pos]
+            x0, a0, s, ev, ea = _draw(data, chunk, g, sigma[pos])
+            hist, feats = _trained_features(model, data, chunk.to(dev), ())
+            _, feats_other = _trained_features(model, data, chunk_other.to(dev), ())
+            for key, text in (("bearing_error_deg", feats), ("bearing_error_deg_swapped", feats_other)):
+                ctx = model.context_from_features(hist, {**feats, "text": text["text"], "text_mask": text["text_mask"]})
+                joint_flow_matching_loss(model.transformer, ctx, x0, a0, s, ev, ea, cfg.action_weight)
+                errors[key].append(bearing_error_deg(probe.predict(), target[pos.to(dev)]))
+    model.transformer.train(was_training)
+    out = {k: float(torch.cat(v).mean()) for k, v in errors.items()}
+    out["gap"] = out["bearing_error_deg_swapped"] - out["bearing_error_deg"]
+    mean_direction = target[:, :2].mean(0, keepdim=True).expand(len(target), 2)
+    out["constant"] = float(bearing_error_deg(mean_direction, target).mean())
+    return out
+
+
 def _trainable_encoders(model: WNMModel, names: tuple[str, ...]) -> list[torch.nn.Module]:
     modules = []
     for name in names:
@@ -389,10 +440,14 @@ def _sft_loop(model, train, heldout, cfg, bar, g, opt, params, probe, curve, los
     for step in bar:
         rows = torch.randint(0, train.rows, (cfg.batch_size,), generator=g)
         x0, a0, s, ev, ea = _draw(train, rows, g)
+        sa = None
+        if cfg.independent_action_noise > 0:  # drawn only when on, so that off keeps the old random stream
+            own = torch.rand(len(rows), generator=g) < cfg.independent_action_noise
+            sa = torch.where(own, torch.rand(len(rows), generator=g), s.cpu()).to(s.device)
         rows = rows.to(train.row_example.device)
         hist, feats = _trained_features(model, train, rows, cfg.train_encoders)
         ctx = model.context_from_features(hist, feats)  # projectors train; frozen encoders' features are fixed
-        loss, _ = joint_flow_matching_loss(model.transformer, ctx, x0, a0, s, ev, ea, cfg.action_weight)
+        loss, _ = joint_flow_matching_loss(model.transformer, ctx, x0, a0, s, ev, ea, cfg.action_weight, sa)
         total = loss
         if probe is not None:  # reads the hidden state recorded by the forward just above
             aux = probe.loss(train.goal_polar[train.row_example[rows]])
@@ -419,8 +474,9 @@ def train_sft(model: WNMModel, train: EncodedRows, heldout: EncodedRows, cfg: SF
 
     Returns:
         ``{"initial_heldout", "final_heldout", "instruction_gap"`` (:func:`instruction_gap` of the held-out rows)
-        ``, "curve": [(step, train_loss_avg, heldout_loss)], "train_losses", "goal_aux_losses"}`` (the last one
-        empty unless ``cfg.goal_aux_weight > 0``).
+        ``, "goal_direction"`` (:func:`goal_direction_gap`, None without the goal head) ``, "curve": [(step,
+        train_loss_avg, heldout_loss)], "train_losses", "goal_aux_losses"}`` (the last one empty unless
+        ``cfg.goal_aux_weight > 0``).
     """
     encoders = _trainable_encoders(model, cfg.train_encoders)
     params = list(model.transformer.parameters())
@@ -457,6 +513,7 @@ def train_sft(model: WNMModel, train: EncodedRows, heldout: EncodedRows, cfg: SF
         "initial_heldout": initial,
         "final_heldout": final,
         "instruction_gap": instruction_gap(model, heldout, cfg),
+        "goal_direction": None if probe is None else goal_direction_gap(model, probe, heldout, cfg),
         "curve": curve,
         "train_losses": losses,
         "goal_aux_losses": aux_losses,

@@ -14,8 +14,8 @@ Cross-attention context: [text, image, geometry] tokens projected to the DiT wid
 
 Parameter names of the video part equal those of diffusers' ``WanTransformer3DModel`` (``patch_embedding``,
 ``condition_embedder``, ``blocks.N``, ``proj_out``, ``scale_shift_table``), so a Wan2.x diffusers state dict
-initialises it through :meth:`WNMTransformer.load_wan_video_weights`. The action embedder/head and the
-image/geometry projectors are ours.
+initialises it through :meth:`WNMTransformer.load_wan_video_weights`. The action embedder/head, the
+image/geometry projectors and the optional text paths (``text_pool_projector``, ``text_gate_*``) are ours.
 
 This module holds the top-level model (embeddings, sequence layout, heads, forward, Wan weight loading); the
 block is in ``block.py``, its attention in ``attention.py`` and the context container/projector in
@@ -55,6 +55,18 @@ WAN_VIDEO_PREFIXES = ("patch_embedding.", "condition_embedder.", "blocks.", "pro
 def is_wan_video_key(key: str) -> bool:
     """True for a state-dict key of the Wan-compatible video part (see :data:`WAN_VIDEO_PREFIXES`)."""
     return any(key == p or key.startswith(p) for p in WAN_VIDEO_PREFIXES)
+
+
+def masked_mean(tokens: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    """Mean of ``tokens [B, L, D]`` over the positions where ``mask [B, L]`` is True (all when None).
+
+    Computed in ``tokens.dtype``; a row with no True position gives zeros. Returns ``[B, D]``.
+    """
+    if mask is None:
+        weights = torch.ones(tokens.shape[:2], dtype=tokens.dtype, device=tokens.device)
+    else:
+        weights = mask.to(tokens.dtype)
+    return (tokens * weights[..., None]).sum(1) / weights.sum(1, keepdim=True).clamp_min(1.0)
 
 
 class WNMTransformer(nn.Module):
@@ -99,6 +111,20 @@ class WNMTransformer(nn.Module):
             self.text_pool_projector = nn.Sequential(nn.Linear(d, d), nn.SiLU(), nn.Linear(d, d))
             nn.init.zeros_(self.text_pool_projector[2].weight)
             nn.init.zeros_(self.text_pool_projector[2].bias)
+        # Optional gated-attention fusion (config.text_gated_context): pooled text -> channel gate of the visual
+        # context tokens. Image and geometry tokens come from different encoders through different projectors,
+        # so a channel means different things in each: one gate Linear per kind. Zero-initialised, so the gate
+        # starts at exactly 1 (the plain model) while its weight still gets a gradient (d tanh / dx = 1 at 0).
+        self.text_gate_image = None
+        self.text_gate_geometry = None
+        if config.text_gated_context:
+            self.text_gate_image = nn.Linear(d, d)
+            if self.geometry_projector is not None:
+                self.text_gate_geometry = nn.Linear(d, d)
+            for gate in (self.text_gate_image, self.text_gate_geometry):
+                if gate is not None:
+                    nn.init.zeros_(gate.weight)
+                    nn.init.zeros_(gate.bias)
         self.compiled_blocks = False
         # "full": every token attends to every token (how Stage II trains). "isolated": history tokens attend
         # only among themselves, so their per-block keys/values depend on the context alone and are computed
@@ -202,6 +228,11 @@ class WNMTransformer(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Projects frozen-encoder features to DiT-width context tokens.
 
+        With ``text_gated_context`` the image and geometry tokens are multiplied channel-wise by
+        ``1 + tanh(Linear(pooled))``, ``pooled [B, D]`` the masked mean of the projected text tokens (one gate
+        Linear per kind, see ``__init__``). The context is computed once per prompt, so the gate adds no cost
+        per denoising step.
+
         Args:
             text_features: ``[B, Lt, text_dim]``.
             text_mask: ``[B, Lt]`` bool, True for real tokens.
@@ -215,12 +246,19 @@ class WNMTransformer(nn.Module):
             raise ValueError(f"variant {self.config.variant}: geometry features must be given iff variant is wnm_3d")
         # Wan zero-fills text positions past the prompt before its projection; keep that convention.
         text = text_features * text_mask[..., None].to(text_features.dtype)
-        tokens = [self.condition_embedder.text_embedder(text), self.image_projector(image_features)]
+        text_tokens = self.condition_embedder.text_embedder(text)
+        visual = [self.image_projector(image_features)]
+        gates = [self.text_gate_image]
         masks = [text_mask.bool(), torch.ones(image_features.shape[:2], dtype=torch.bool, device=text_mask.device)]
         if geometry_features is not None:
-            tokens.append(self.geometry_projector(geometry_features))
+            visual.append(self.geometry_projector(geometry_features))
+            gates.append(self.text_gate_geometry)
             masks.append(torch.ones(geometry_features.shape[:2], dtype=torch.bool, device=text_mask.device))
-        return torch.cat(tokens, dim=1), torch.cat(masks, dim=1)
+        if self.text_gate_image is not None:
+            # Padded text positions hold the projection's bias, not zeros: the mean must skip them.
+            pooled = masked_mean(text_tokens, text_mask.bool())
+            visual = [v * (1 + torch.tanh(gate(pooled)))[:, None, :] for v, gate in zip(visual, gates, strict=True)]
+        return torch.cat([text_tokens, *visual], dim=1), torch.cat(masks, dim=1)
 
     def set_history_attention(self, mode: str) -> None:
         """``full`` (default, the trained model) or ``isolated`` (history keys/values cached per prompt)."""
@@ -269,12 +307,16 @@ class WNMTransformer(nn.Module):
         nt = layout["target"].stop - layout["target"].start
         return self._heads(x[:, :nt], x[:, nt:], temb[:, 1:2])
 
-    def _heads(self, xt: torch.Tensor, xa: torch.Tensor, noisy_temb: torch.Tensor):
-        """Output heads: Wan's on the target tokens, ours on the action tokens (``noisy_temb [B, 1, D]``)."""
+    def _heads(
+        self, xt: torch.Tensor, xa: torch.Tensor, noisy_temb: torch.Tensor, action_temb: torch.Tensor | None = None
+    ):
+        """Output heads: Wan's on the target tokens, ours on the action tokens (``noisy_temb [B, 1, D]``; the action
+        head uses ``action_temb [B, 1, D]`` instead when the actions have their own noise level)."""
         shift, scale = (self.scale_shift_table + noisy_temb.float()).chunk(2, dim=1)
         xt = (self.norm_out(xt.float()) * (1 + scale) + shift).type_as(xt)
         v_video = self._unpatchify(self.proj_out(xt), self.config.target_latent_shape)
-        shift, scale = (self.action_scale_shift_table + noisy_temb.float()).chunk(2, dim=1)
+        action_temb = noisy_temb if action_temb is None else action_temb
+        shift, scale = (self.action_scale_shift_table + action_temb.float()).chunk(2, dim=1)
         xa = (self.action_norm_out(xa.float()) * (1 + scale) + shift).type_as(xa)
         return v_video, self.action_proj_out(xa)
 
@@ -291,43 +333,49 @@ class WNMTransformer(nn.Module):
         return x.flatten(6, 7).flatten(4, 5).flatten(2, 3)
 
     def _time_embeddings(
-        self, sigma: torch.Tensor, dtype: torch.dtype, context: WNMContext | None = None
+        self,
+        sigma: torch.Tensor,
+        dtype: torch.dtype,
+        context: WNMContext | None = None,
+        action_sigma: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Embeddings of the two noise levels per sample: history (0) and target/actions (sigma).
+        """Embeddings of the G noise levels per sample: history (0) and target/actions (sigma), or history,
+        target (sigma) and actions (``action_sigma``) when the actions have their own level (G = 3).
 
-        With ``pooled_text_modulation`` the pooled instruction of ``context`` is added to both before the
+        With ``pooled_text_modulation`` the pooled instruction of ``context`` is added to all before the
         projection to the blocks' modulation.
 
         Returns:
-            ``temb [B, 2, D]`` and ``timestep_proj [B, 2, 6, D]``.
+            ``temb [B, G, D]`` and ``timestep_proj [B, G, 6, D]``.
         """
         ce = self.condition_embedder
-        t = torch.stack([torch.zeros_like(sigma), sigma], dim=1).float() * self.config.timestep_scale  # [B, 2]
+        levels = [torch.zeros_like(sigma), sigma] + ([] if action_sigma is None else [action_sigma.to(sigma)])
+        t = torch.stack(levels, dim=1).float() * self.config.timestep_scale  # [B, G]
         freq = ce.timesteps_proj(t.flatten())
         embed_dtype = next(iter(ce.time_embedder.parameters())).dtype
-        b = sigma.shape[0]
-        temb = ce.time_embedder(freq.to(embed_dtype)).to(dtype).view(b, 2, -1)
+        b, groups = sigma.shape[0], len(levels)
+        temb = ce.time_embedder(freq.to(embed_dtype)).to(dtype).view(b, groups, -1)
         if self.text_pool_projector is not None:
             if context is None:
                 raise ValueError("pooled_text_modulation: the time embeddings need the context (its text tokens)")
             temb = temb + self._pooled_text(context, dtype)[:, None]
         proj = ce.time_proj(ce.act_fn(temb))
-        return temb, proj.view(b, 2, 6, -1)
+        return temb, proj.view(b, groups, 6, -1)
 
     def _pooled_text(self, context: WNMContext, dtype: torch.dtype) -> torch.Tensor:
         """``[B, D]``: the projected text tokens (the first ``text_max_length`` context tokens), masked mean,
         through ``text_pool_projector``."""
         lt = self.config.text_max_length
-        tokens = context.encoder_tokens[:, :lt].to(dtype)
-        if context.encoder_mask is None:
-            weights = torch.ones(tokens.shape[:2], dtype=dtype, device=tokens.device)
-        else:
-            weights = context.encoder_mask[:, :lt].to(dtype)
-        pooled = (tokens * weights[..., None]).sum(1) / weights.sum(1, keepdim=True).clamp_min(1.0)
-        return self.text_pool_projector(pooled)
+        mask = None if context.encoder_mask is None else context.encoder_mask[:, :lt]
+        return self.text_pool_projector(masked_mean(context.encoder_tokens[:, :lt].to(dtype), mask))
 
     def forward(
-        self, target_latents: torch.Tensor, actions: torch.Tensor, sigma: torch.Tensor, context: WNMContext
+        self,
+        target_latents: torch.Tensor,
+        actions: torch.Tensor,
+        sigma: torch.Tensor,
+        context: WNMContext,
+        action_sigma: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Predicts velocities for the noisy target video latents and actions.
 
@@ -336,6 +384,9 @@ class WNMTransformer(nn.Module):
             actions: ``[B, 32, 4]`` noisy normalized actions x_sigma.
             sigma: ``[B]`` noise level in [0, 1] shared by the sample's video and action tokens.
             context: Encoded history latents and context tokens for the B samples.
+            action_sigma: ``[B]`` noise level of the actions when it differs from the video's (Stage-II training
+                with independent noise, ``SFTConfig.independent_action_noise``); None = ``sigma`` (rollouts, the
+                ordinary forward). The actions then form a third modulation group.
 
         Returns:
             ``(v_video [B, C, Tt', h, w], v_action [B, 32, 4])``.
@@ -360,7 +411,12 @@ class WNMTransformer(nn.Module):
                 f"sigma must be [{b}] and context batch {b}; got {tuple(sigma.shape)}, {context.batch_size}"
             )
 
+        if action_sigma is not None and action_sigma.shape != (b,):
+            raise ValueError(f"action_sigma must be [{b}], got {tuple(action_sigma.shape)}")
         if self.history_attention == "isolated":
+            if action_sigma is not None:
+                raise ValueError("action_sigma (independent action noise) is a Stage-II training input; isolated "
+                                 "history attention is a rollout mode: use history_attention='full'")  # fmt: skip
             return self._forward_isolated(target_latents, actions, sigma, context)
         dtype = self.patch_embedding.weight.dtype
         x = torch.cat(
@@ -373,8 +429,12 @@ class WNMTransformer(nn.Module):
         )
         layout = self.sequence_layout()
         nh = layout["history"].stop
-        groups = [nh, x.shape[1] - nh]  # clean history | noisy target + actions
-        temb, timestep_proj = self._time_embeddings(sigma, dtype, context)
+        na = actions.shape[1]
+        if action_sigma is None:
+            groups = [nh, x.shape[1] - nh]  # clean history | noisy target + actions
+        else:
+            groups = [nh, x.shape[1] - nh - na, na]  # clean history | target at sigma | actions at action_sigma
+        temb, timestep_proj = self._time_embeddings(sigma, dtype, context, action_sigma)
         rope = self.rotary_embedding(x.device)
         ctx = context.encoder_tokens.to(dtype)
         mask = self._context_mask(context.encoder_mask)
@@ -382,7 +442,8 @@ class WNMTransformer(nn.Module):
             x = block(x, ctx, timestep_proj, rope, mask, groups)
 
         # History outputs are not used: the heads read the target and action tokens.
-        return self._heads(x[:, layout["target"]], x[:, layout["action"]], temb[:, 1:2])
+        action_temb = None if action_sigma is None else temb[:, 2:3]
+        return self._heads(x[:, layout["target"]], x[:, layout["action"]], temb[:, 1:2], action_temb)
 
     # ----- Wan weights ----------------------------------------------------------------------------------
     @torch.no_grad()
