@@ -65,6 +65,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--independent-action-noise", type=float, default=0.0, help="SFTConfig.independent_action_noise (default 0)"
     )
+    p.add_argument("--goal-aux-pure-noise", type=float, default=0.0, help="SFTConfig.goal_aux_pure_noise (default 0)")
     p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", help="WNMConfig override, all arms")
     p.add_argument("--seed", type=int, default=0, help="seed of data, weights and SFT draws (default 0)")
     p.add_argument("--workers", type=int, default=1, help="processes for synthesis and decoding (default 1)")
@@ -180,7 +181,8 @@ def main(argv: list[str] | None = None) -> int:
                                 eval_every=max(1, args.steps // 5), eval_rows=min(256, read["heldout"].rows),
                                 seed=args.seed, train_encoders=sft.TRAINABLE_ENCODERS,
                                 goal_aux_weight=args.goal_aux_weight,
-                                independent_action_noise=args.independent_action_noise)  # fmt: skip
+                                independent_action_noise=args.independent_action_noise,
+                                goal_aux_pure_noise=args.goal_aux_pure_noise)  # fmt: skip
         res = sft.train_sft(model, _copy_rows(read["train"]), _copy_rows(read["heldout"]), sft_cfg, progress)
         aux = res["goal_aux_losses"]
         k = max(1, len(aux) // 10)
@@ -188,25 +190,36 @@ def main(argv: list[str] | None = None) -> int:
             "config_overrides": ARMS[arm],
             "final_heldout": res["final_heldout"],
             "instruction_gap": res["instruction_gap"],
+            "instruction_gap_pure_noise": res["instruction_gap_pure_noise"],
             "goal_direction": res["goal_direction"],
+            "goal_direction_pure_noise": res["goal_direction_pure_noise"],
             "goal_aux_loss_first_last": [sum(aux[:k]) / k, sum(aux[-k:]) / k] if aux else None,
             "wall_s": time.perf_counter() - t1,
         }
         meta = {"arguments": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
                 "train_states": read["train"].examples, "heldout_states": read["heldout"].examples}  # fmt: skip
         tag = f"_ian{args.independent_action_noise:g}" if args.independent_action_noise else ""
+        tag += f"_pure{args.goal_aux_pure_noise:g}" if args.goal_aux_pure_noise else ""
         out = args.workdir / f"grounding_{arm}{tag}.json"
         tmp = out.with_name(out.name + ".tmp")
         tmp.write_text(json.dumps({**meta, **results[arm]}, indent=1) + "\n")
         tmp.replace(out)
         _log(f"{arm}: done in {results[arm]['wall_s']:.0f}s -> {out}")
-    print("| arm | held-out action loss | instruction gap | bearing error own / swapped (deg) | gap | constant |")
-    print("| --- | --- | --- | --- | --- | --- |")
+    notes = [f"independent action noise {args.independent_action_noise:g}"] if args.independent_action_noise else []
+    if args.goal_aux_pure_noise:
+        notes.append(f"goal head at pure noise on {args.goal_aux_pure_noise:g} of the rows")
+    tag = f" ({', '.join(notes)})" if notes else ""
+    print(f"held-out scenes{tag}; 'stratified': noise levels spread over (0, 1); 'pure noise': sigma = 1, where only "
+          "the history and the instruction inform the answer")  # fmt: skip
+    print("| arm | noise | action loss own / swapped | gap | bearing error own / swapped (deg) | gap | constant |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
+    nan = float("nan")
     for arm, r in results.items():
-        ig, gd = r["instruction_gap"], r["goal_direction"] or {}
-        print(f"| {arm} | {ig['action']:.4f} | {ig['gap']:+.4f} | {gd.get('bearing_error_deg', float('nan')):.1f} / "
-              f"{gd.get('bearing_error_deg_swapped', float('nan')):.1f} | {gd.get('gap', float('nan')):+.1f} | "
-              f"{gd.get('constant', float('nan')):.1f} |")  # fmt: skip
+        for label, suffix in (("stratified", ""), ("pure noise", "_pure_noise")):
+            ig, gd = r["instruction_gap" + suffix], r["goal_direction" + suffix] or {}
+            print(f"| {arm} | {label} | {ig['action']:.4f} / {ig['action_swapped']:.4f} | {ig['gap']:+.4f} | "
+                  f"{gd.get('bearing_error_deg', nan):.1f} / {gd.get('bearing_error_deg_swapped', nan):.1f} | "
+                  f"{gd.get('gap', nan):+.1f} | {gd.get('constant', nan):.1f} |")  # fmt: skip
     return 0
 
 

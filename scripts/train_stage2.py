@@ -70,6 +70,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="share of SFT rows whose actions get a noise level of their own (SFTConfig; default 0: off)",
     )
     p.add_argument(
+        "--goal-aux-pure-noise",
+        type=float,
+        default=0.0,
+        help="share of SFT rows at pure noise that carry the goal-direction loss (SFTConfig; default 0: all rows)",
+    )
+    p.add_argument(
         "--train-encoders",
         default="text_encoder,image_encoder,geometry_encoder",
         help="built-in encoders trained with the DiT, comma-separated, or 'none' (default: all three)",
@@ -192,8 +198,9 @@ def _check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> No
     if not (args.lr > 0 and args.action_weight >= 0 and args.goal_aux_weight >= 0):
         parser.error(f"--lr must be > 0, --action-weight and --goal-aux-weight >= 0, got {args.lr}, "
                      f"{args.action_weight}, {args.goal_aux_weight}")  # fmt: skip
-    if not 0.0 <= args.independent_action_noise <= 1.0:
-        parser.error(f"--independent-action-noise must be in [0, 1], got {args.independent_action_noise}")
+    for name in ("independent_action_noise", "goal_aux_pure_noise"):
+        if not 0.0 <= getattr(args, name) <= 1.0:
+            parser.error(f"--{name.replace('_', '-')} must be in [0, 1], got {getattr(args, name)}")
     from verl_omni.models.wnm.sft import TRAINABLE_ENCODERS
 
     names = [] if args.train_encoders == "none" else args.train_encoders.split(",")
@@ -315,7 +322,8 @@ def _train_round(args, config, rnd: int, data: Path, ckpt: Path, state: RoundSta
                                 action_weight=args.action_weight, eval_every=max(1, steps // 10), eval_rows=256,
                                 seed=args.seed + rnd, train_encoders=train_encoders,
                                 goal_aux_weight=args.goal_aux_weight,
-                                independent_action_noise=args.independent_action_noise)  # fmt: skip
+                                independent_action_noise=args.independent_action_noise,
+                                goal_aux_pure_noise=args.goal_aux_pure_noise)  # fmt: skip
         result = sft.train_sft(model, train_all, heldout, cfg_sft, progress)
         prov = {
             "tool": "scripts/train_stage2.py",

@@ -98,3 +98,41 @@ def test_bearing_error_by_hand():
     # 90 degrees; 20 across the +-180 seam (not 340); the length of the prediction does not matter; 0.
     torch.testing.assert_close(bearing_error_deg(pred, target), torch.tensor([90.0, 20.0, 30.0, 0.0]), atol=1e-4,
                                rtol=0)  # fmt: skip
+
+
+def test_probe_loss_on_selected_rows():
+    torch.manual_seed(0)
+    probe = GoalProbe(8)
+    probe._hidden = torch.randn(4, 5, 8)  # what a forward would have recorded: [B, 32 action tokens, D]
+    target = torch.randn(4, 3)
+    pred = probe.predict().detach()
+    rows = torch.tensor([True, False, True, False])
+    expected = torch.nn.functional.mse_loss(pred[rows], target[rows])
+    torch.testing.assert_close(probe.loss(target, rows), expected)
+    none = probe.loss(target, torch.zeros(4, dtype=torch.bool))
+    assert none.item() == 0.0 and none.requires_grad
+
+
+def test_goal_head_rows_at_pure_noise():
+    cfg, examples = _examples(repeats=1)
+    torch.manual_seed(0)
+    model = WNMModel(cfg)
+    rows = sft.encode_examples(model, examples, progress=False, calibrate=True, fit_normalization=True)
+    seen = []
+    real = sft.joint_flow_matching_loss
+
+    def spy(*args, **kwargs):
+        seen.append((args[4].clone(), args[8] if len(args) > 8 else kwargs.get("action_sigma")))
+        return real(*args, **kwargs)
+
+    c = sft.SFTConfig(steps=3, batch_size=3, eval_every=3, eval_rows=3, goal_aux_weight=1.0, goal_aux_pure_noise=1.0,
+                      independent_action_noise=1.0)  # fmt: skip
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(sft, "joint_flow_matching_loss", spy)
+        sft.train_sft(model, rows, rows, c, progress=False)
+    training = [(s, sa) for s, sa in seen if sa is not None]  # evaluation calls pass no action level
+    assert len(training) == 3
+    for s, sa in training:  # every row is a goal-head row: video and actions both at sigma = 1
+        assert torch.equal(s, torch.ones(3)) and torch.equal(sa, torch.ones(3))
+    with pytest.raises(ValueError, match="goal_aux_pure_noise"):
+        sft.SFTConfig(goal_aux_pure_noise=-0.1)

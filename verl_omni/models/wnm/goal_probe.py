@@ -70,10 +70,19 @@ class GoalProbe(nn.Module):
             raise RuntimeError("GoalProbe: no transformer forward was recorded (use `with probe.attached(...)`)")
         return self.net(self._hidden.float().mean(1))
 
-    def loss(self, target: torch.Tensor) -> torch.Tensor:
-        """Mean squared error of the last recorded forward against ``target [B, 3]``."""
+    def loss(self, target: torch.Tensor, rows: torch.Tensor | None = None) -> torch.Tensor:
+        """Mean squared error of the last recorded forward against ``target [B, 3]``.
+
+        Args:
+            target: ``[B, 3]`` :func:`goal_polar` targets.
+            rows: Optional bool ``[B]``: only these rows count (none selected gives a zero that still backpropagates).
+        """
         pred = self.predict()
-        return F.mse_loss(pred, target.to(pred.device, pred.dtype))
+        target = target.to(pred.device, pred.dtype)
+        if rows is None:
+            return F.mse_loss(pred, target)
+        keep = rows.to(pred.device)[:, None].to(pred.dtype)
+        return ((pred - target).square() * keep).sum() / (keep.sum() * pred.shape[1]).clamp_min(1.0)
 
 
 def bearing_error_deg(pred: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
