@@ -108,6 +108,54 @@ def shorten(examples, frames: int):
     return examples
 
 
+def view_oracle(data: Path, episode_ids: list[str]) -> dict:
+    """What the current view alone can tell about the goal, on the given episodes' query states.
+
+    For each query state: is the named object in the current view (the renderer's rays,
+    :func:`verl_omni.sim.probes.goal_object_in_view`), and the bearing error of an ideal detector of it, which
+    answers the object's bearing when it is seen and the states' mean goal direction when it is not. This bounds
+    what grounding in the newest frame can give, beside the constant answer.
+
+    Returns:
+        ``{"states", "visible_share", "oracle_bearing_error_deg", "oracle_error_when_visible_deg", "constant"}``.
+    """
+    import math
+
+    import numpy as np
+
+    from verl_omni.data.actions import wrap_angle
+    from verl_omni.data.gn0 import parse_episode
+    from verl_omni.models.wnm.goal_probe import goal_polar
+    from verl_omni.sim.floorplan import FloorPlan
+    from verl_omni.sim.probes import goal_object_in_view
+
+    plans: dict[str, FloorPlan] = {}
+    truth, seen = [], []
+    for eid in episode_ids:
+        ep = parse_episode(data, eid)
+        name = json.loads((data / "episodes" / eid / "episode.json").read_text())["goal_object"]["name"]
+        if ep.scene_id not in plans:
+            plans[ep.scene_id] = FloorPlan.load(data.with_name(data.name + "_occ") / ep.scene_id)
+        plan = plans[ep.scene_id]
+        index = next(f.index for f in plan.furniture if f.name == name)
+        for q in ep.queries:
+            c, s_, _ = goal_polar(ep.poses[q.t], ep.goal)
+            truth.append(math.atan2(s_, c))
+            seen.append(goal_object_in_view(plan, ep.poses[q.t], index))
+    truth = np.array(truth)
+    mean_dir = math.atan2(np.sin(truth).mean(), np.cos(truth).mean())
+    constant = np.abs(wrap_angle(mean_dir - truth))
+    visible = np.array([b is not None for b in seen])
+    oracle = np.array([abs(wrap_angle(b - t)) if b is not None else c for b, t, c in zip(seen, truth, constant)])
+    return {
+        "states": int(len(truth)),
+        "visible_share": float(visible.mean()),
+        "oracle_bearing_error_deg": float(np.degrees(oracle.mean())),
+        "oracle_error_when_visible_deg": float(np.degrees(oracle[visible].mean())) if visible.any() else None,
+        "constant": float(np.degrees(constant.mean())),
+    }
+
+
 def _copy_rows(rows):
     from verl_omni.models.wnm import sft
 
@@ -138,6 +186,12 @@ def main(argv: list[str] | None = None) -> int:
     ids = list_episode_ids(data)
     train_ids, held_ids = split_by_scene(ids, args.heldout_scenes, args.seed)
     _log(f"{len(train_ids)} training and {len(held_ids)} held-out episodes ({time.perf_counter() - t0:.0f}s)")
+    oracle = view_oracle(data, held_ids)
+    _log(f"held-out states: the named object is in the current view in {oracle['visible_share']:.0%}; an ideal "
+         f"detector of it errs by {oracle['oracle_bearing_error_deg']:.1f} deg on the goal bearing "
+         f"({oracle['oracle_error_when_visible_deg']:.1f} when it sees it), a constant answer by "
+         f"{oracle['constant']:.1f}")  # fmt: skip
+    (args.workdir / "view_oracle.json").write_text(json.dumps(oracle, indent=1) + "\n")
 
     overrides = parse_overrides(args.set)
     base_fields = {"history_frames": args.history_frames, "text_max_length": 64, **overrides}
@@ -200,6 +254,7 @@ def main(argv: list[str] | None = None) -> int:
                 "train_states": read["train"].examples, "heldout_states": read["heldout"].examples}  # fmt: skip
         tag = f"_ian{args.independent_action_noise:g}" if args.independent_action_noise else ""
         tag += f"_pure{args.goal_aux_pure_noise:g}" if args.goal_aux_pure_noise else ""
+        tag += f"_aux{args.goal_aux_weight:g}" if args.goal_aux_weight != 1.0 else ""
         out = args.workdir / f"grounding_{arm}{tag}.json"
         tmp = out.with_name(out.name + ".tmp")
         tmp.write_text(json.dumps({**meta, **results[arm]}, indent=1) + "\n")

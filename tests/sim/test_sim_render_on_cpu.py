@@ -90,3 +90,15 @@ def test_batch_matches_single_and_views_differ():
     for i in range(3):
         np.testing.assert_array_equal(batch[i], r.render(poses[i]))
     assert np.abs(batch[0].astype(int) - batch[1]).mean() > 5
+
+
+def test_goal_object_in_view_by_hand():
+    from verl_omni.sim.probes import goal_object_in_view
+
+    # A table at x in [2.8, 3.0), y in [2.4, 2.6): from (1.9, 2.5) it is 0.9-1.1 m east, spanning +-6 degrees.
+    plan = _box_room((48, 52, 56, 60))
+    assert goal_object_in_view(plan, np.array([1.9, 2.5, 0.0]), 0) == 0.0  # dead ahead: columns symmetric about 0
+    # Turned 0.3 rad left, the table appears 0.3 rad to the right (negative), within one column (~1.8 degrees).
+    assert math.isclose(goal_object_in_view(plan, np.array([1.9, 2.5, 0.3]), 0), -0.3, abs_tol=0.03)
+    assert goal_object_in_view(plan, np.array([1.9, 2.5, math.pi]), 0) is None  # behind the robot
+    assert goal_object_in_view(plan, np.array([1.9, 2.5, math.pi / 2]), 0) is None  # 90 degrees right, fov 90
