@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import time
@@ -56,6 +57,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--scenes", type=int, default=40, help="scenes (default 40)")
     p.add_argument("--episodes-per-scene", type=int, default=4, help="driven episodes per scene (default 4)")
     p.add_argument("--goal-variants", type=int, default=3, help="goals per driven trajectory (default 3)")
+    p.add_argument(
+        "--label-expert", choices=["map", "search"], default="map", help="expert of the labels (default map)"
+    )
     p.add_argument("--heldout-scenes", type=float, default=0.2, help="fraction of scenes held out (default 0.2)")
     p.add_argument("--history-frames", type=int, default=5, help="history frames, 1 + 4k >= 5 (default 5)")
     p.add_argument("--steps", type=int, default=600, help="SFT steps per arm (default 600)")
@@ -81,7 +85,8 @@ def _synthesize(args, out: Path) -> None:
         sys.executable, str(REPO / "tools/data/synthesize_gn0_collection.py"), "--output-dir", str(out),
         "--occupancy-dir", str(out.with_name(out.name + "_occ")), "--num-scenes", str(args.scenes),
         "--episodes-per-scene", str(args.episodes_per_scene), "--seed", str(args.seed), "--workers",
-        str(args.workers), "--level", args.level, "--goal-variants", str(args.goal_variants),
+        str(args.workers), "--level", args.level, "--goal-variants", str(args.goal_variants), "--label-expert",
+        args.label_expert,
     ]  # fmt: skip
     _log(" ".join(cmd[1:]))
     subprocess.run(cmd, check=True)
@@ -127,7 +132,7 @@ def view_oracle(data: Path, episode_ids: list[str]) -> dict:
     from verl_omni.data.gn0 import parse_episode
     from verl_omni.models.wnm.goal_probe import goal_polar
     from verl_omni.sim.floorplan import FloorPlan
-    from verl_omni.sim.probes import goal_object_in_view
+    from verl_omni.sim.search_expert import goal_object_in_view
 
     plans: dict[str, FloorPlan] = {}
     truth, seen = [], []
@@ -216,7 +221,7 @@ def main(argv: list[str] | None = None) -> int:
                                              calibrate=name == "train", fit_normalization=name == "train")  # fmt: skip
             _log(f"{name}: {read[name].examples} states, {read[name].rows} rows ({time.perf_counter() - t1:.0f}s)")
             del ex
-        tmp = cache.with_name(cache.name + ".tmp")
+        tmp = cache.with_name(f"{cache.name}.{os.getpid()}.tmp")  # arms started together may both encode
         torch.save({**read, "latents_mean": base.latents_mean.flatten().tolist(),
                     "latents_std": base.latents_std.flatten().tolist(),
                     "action_normalization": base.action_normalization}, tmp)  # fmt: skip

@@ -48,6 +48,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=1,
         help="goals every round-0 trajectory is labelled for (synthesize_gn0_collection.py --goal-variants; default 1)",
     )
+    p.add_argument(
+        "--label-expert",
+        choices=["map", "search"],
+        default="map",
+        help="expert of the labels: map (planner) or search (turn until the named object is seen; default map)",
+    )
     p.add_argument("--rounds", type=int, default=2, help="rounds in all, round 0 included (default 2)")
     p.add_argument("--dagger-scenes", type=int, default=100, help="fresh scenes per DAgger round (default 100)")
     p.add_argument("--beta0", type=float, default=0.5, help="expert share of round 1 (default 0.5)")
@@ -112,7 +118,7 @@ def _synthesize(args, out: Path) -> None:
         "--occupancy-dir", str(out.with_name(out.name + "_occ")), "--num-scenes", str(args.scenes),
         "--episodes-per-scene", str(args.episodes_per_scene), "--seed", str(args.seed), "--workers",
         str(args.workers), "--level", args.level, "--image-size", *map(str, args.image_size),
-        "--goal-variants", str(args.goal_variants),
+        "--goal-variants", str(args.goal_variants), "--label-expert", args.label_expert,
     ]  # fmt: skip
     _log(" ".join(cmd[1:]))
     subprocess.run(cmd, check=True)
@@ -424,7 +430,8 @@ def main(argv: list[str] | None = None) -> int:
                 episodes_per_scene=args.episodes_per_scene,
                 floorplan=level.floorplan(),
                 collector=CollectorConfig(camera=CameraConfig(width=w, height=h),
-                                          min_goal_distance_m=level.min_goal_distance_m),
+                                          min_goal_distance_m=level.min_goal_distance_m,
+                                          label_expert=args.label_expert),
             )  # fmt: skip
             tmp = data.with_name(data.name + ".partial")
             tmp_occ = data.with_name(data.name + "_occ.partial")

@@ -93,7 +93,7 @@ def test_batch_matches_single_and_views_differ():
 
 
 def test_goal_object_in_view_by_hand():
-    from verl_omni.sim.probes import goal_object_in_view
+    from verl_omni.sim.search_expert import goal_object_in_view
 
     # A table at x in [2.8, 3.0), y in [2.4, 2.6): from (1.9, 2.5) it is 0.9-1.1 m east, spanning +-6 degrees.
     plan = _box_room((48, 52, 56, 60))

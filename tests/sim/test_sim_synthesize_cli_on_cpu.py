@@ -77,3 +77,27 @@ def test_unreachable_goal_distance_leaves_nothing(tool, tmp_path, capsys):
     assert tool.main(args) == 1
     assert "found no start" in capsys.readouterr().err
     assert list(tmp_path.iterdir()) == []
+
+
+def test_search_expert_labels_turn_in_place_where_they_differ_from_the_map_expert(tool, tmp_path):
+    import math
+
+    import numpy as np
+
+    args = ["--num-scenes", "3", "--episodes-per-scene", "2", "--level", "one_room", "--seed", "1"]
+    refs = {}
+    for kind in ("map", "search"):
+        out = tmp_path / kind
+        assert tool.main(["--output-dir", str(out), "--occupancy-dir", str(tmp_path / f"{kind}_occ"), *args,
+                          "--label-expert", kind]) == 0  # fmt: skip
+        assert json.loads((out / "collection.json").read_text())["label_expert"] == kind
+        for ep in sorted((out / "episodes").iterdir()):
+            rec = json.loads((ep / "episode.json").read_text())
+            for q in rec["queries"]:
+                refs.setdefault((ep.name, q["t"]), {})[kind] = np.array(q["reference_poses"])
+    differ = [k for k, r in refs.items() if not np.allclose(r["map"], r["search"])]
+    assert differ, "the search expert changed no label (every goal already in view?)"
+    for key in differ:  # the search expert's reference begins with a left turn in place (30 degrees per step)
+        p = refs[key]["search"]
+        assert np.allclose(p[1, :2], p[0, :2]), key
+        assert math.isclose(math.remainder(p[1, 2] - p[0, 2], 2 * math.pi), math.pi / 6, abs_tol=1e-9), key

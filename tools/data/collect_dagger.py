@@ -30,6 +30,12 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description="Closed-loop DAgger collection with a WNM checkpoint as behaviour policy.")
     p.add_argument("--policy-checkpoint", required=True, type=Path, help="complete WNM checkpoint (the learner)")
     p.add_argument("--beta", type=float, required=True, help="probability that a policy call follows the expert")
+    p.add_argument(
+        "--label-expert",
+        choices=["map", "search"],
+        default="map",
+        help="expert of the labels: map (planner) or search (turn until the named object is seen; default map)",
+    )
     p.add_argument("--output-dir", required=True, type=Path, help="collection folder (must be absent or empty)")
     p.add_argument("--occupancy-dir", required=True, type=Path, help="occupancy scenes folder (absent or empty)")
     p.add_argument("--level", default="house", help="task level: one_room, two_rooms, house (default house)")
@@ -88,7 +94,8 @@ def main(argv: list[str] | None = None) -> int:
     loaded = learner()  # loads once here: a bad checkpoint fails before any scene is made
     h, w = loaded.image_size
     learner = reuse_when_in_process(learner, loaded, args.drive_workers)
-    collector = CollectorConfig(camera=CameraConfig(width=w, height=h), min_goal_distance_m=level.min_goal_distance_m)
+    collector = CollectorConfig(camera=CameraConfig(width=w, height=h), min_goal_distance_m=level.min_goal_distance_m,
+                                label_expert=args.label_expert)  # fmt: skip
     cfg = SynthesisConfig(
         num_scenes=args.num_scenes,
         episodes_per_scene=args.episodes_per_scene,

@@ -50,6 +50,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="goals each driven episode is labelled for: 1 = its own; K also relabels it toward K - 1 other objects "
         "of the scene as extra episodes <id>_g<k>, so the instruction is needed to tell the labels apart (default 1)",
     )
+    p.add_argument(
+        "--label-expert",
+        choices=["map", "search"],
+        default="map",
+        help="who labels the query states: map = the planner from the first step; search = turn in place until the "
+        "named object has been seen in the history window, then plan (labels the policy can imitate; default map)",
+    )
     p.add_argument("--seed", type=int, default=0, help="collection seed (default 0)")
     p.add_argument("--workers", type=int, default=1, help="worker processes (default 1)")
     p.add_argument("--fps", type=int, default=4, help="video frame rate (default 4)")
@@ -78,12 +85,13 @@ def make_config(args: argparse.Namespace) -> SynthesisConfig:
 
         level = get_level(args.level)
         floorplan = level.floorplan(resolution=args.resolution)
-        collector = CollectorConfig(fps=args.fps, camera=camera, min_goal_distance_m=level.min_goal_distance_m)
+        collector = CollectorConfig(fps=args.fps, camera=camera, min_goal_distance_m=level.min_goal_distance_m,
+                                    label_expert=args.label_expert)  # fmt: skip
     else:
         floorplan = FloorPlanConfig(
             size_m=tuple(args.scene_size_m), max_rooms=args.max_rooms, resolution=args.resolution
         )
-        collector = CollectorConfig(fps=args.fps, camera=camera)
+        collector = CollectorConfig(fps=args.fps, camera=camera, label_expert=args.label_expert)
     return SynthesisConfig(
         num_scenes=args.num_scenes,
         episodes_per_scene=args.episodes_per_scene,

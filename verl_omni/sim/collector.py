@@ -90,6 +90,8 @@ class CollectorConfig:
         policy: Noisy policy parameters.
         events: Event thresholds.
         camera: Renderer camera.
+        label_expert: Who labels the query states: ``map`` (the planner, from the first step) or ``search``
+            (turn in place until the named object has been seen, then plan; :mod:`verl_omni.sim.search_expert`).
     """
 
     fps: int = 4
@@ -105,8 +107,11 @@ class CollectorConfig:
     policy: PolicyConfig = field(default_factory=PolicyConfig)
     events: EventThresholds = field(default_factory=EventThresholds)
     camera: CameraConfig = field(default_factory=CameraConfig)
+    label_expert: str = "map"
 
     def __post_init__(self) -> None:
+        if self.label_expert not in ("map", "search"):
+            raise ValueError(f"CollectorConfig.label_expert: must be 'map' or 'search', got {self.label_expert!r}")
         if self.fps < 1:
             raise ValueError(f"CollectorConfig.fps: must be >= 1, got {self.fps}")
         if self.target_frames < 2:
@@ -385,7 +390,13 @@ def label_episode(
     # of furniture, i.e. in collision): the expert cannot label such a state, so it is not queried.
     reachable = planner.reachable(poses[times, :2])
     for t in (t for t, ok in zip(times, reachable, strict=True) if ok):
-        ref_poses, ref_stop = planner.continuation(poses[t], cfg.horizon)
+        if cfg.label_expert == "search":
+            from verl_omni.sim.search_expert import search_continuation, seen_in_history  # builds on the planner
+
+            seen = seen_in_history(plan, poses, t, obj_index, cfg.history_frames, cfg.camera)
+            ref_poses, ref_stop = search_continuation(plan, planner, obj_index, poses[t], seen, cfg.horizon, cfg.camera)
+        else:
+            ref_poses, ref_stop = planner.continuation(poses[t], cfg.horizon)
         events = label_query(occ, goal, poses[t], ref_stop, cfg.success_radius, cfg.events)
         name = f"ref_{t}.mp4"
         references[t] = renderer.render(ref_poses)
@@ -473,6 +484,7 @@ class SynthesisConfig:
             "num_scenes": self.num_scenes,
             "num_episodes": self.num_scenes * self.episodes_per_scene,
             "goal_variants": self.goal_variants,
+            "label_expert": self.collector.label_expert,
             "history_frames": self.collector.history_frames,
             "target_frames": self.collector.target_frames,
             "generator": {

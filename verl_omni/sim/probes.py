@@ -116,26 +116,3 @@ def format_probe_table(results: dict[str, dict[str, float]]) -> str:
             else f"| {name} | - | - | - |"
         )
     return "\n".join(lines)
-
-
-def goal_object_in_view(plan, pose: np.ndarray, furniture_index: int, camera=None) -> float | None:
-    """Bearing (radians, robot frame, left positive) of the named object in the current view, or None if unseen.
-
-    The renderer's own rays decide visibility: a column sees the object when its first furniture hit is that
-    piece (before any wall). The bearing is the mean column angle of those columns, i.e. what an ideal detector of
-    the named object in this one view would report.
-
-    Args:
-        plan: The scene's :class:`~verl_omni.sim.floorplan.FloorPlan`.
-        pose: ``[3]`` world pose ``(x, y, yaw)``.
-        furniture_index: The goal object's index in ``plan.furniture``.
-        camera: :class:`~verl_omni.sim.render.CameraConfig` (default: the collection's default camera).
-    """
-    from verl_omni.sim.render import CameraConfig, cast_rays
-
-    camera = camera or CameraConfig()
-    offsets = camera.column_angles()
-    xy = np.repeat(np.asarray(pose[:2], np.float64)[None], len(offsets), axis=0)
-    hits = cast_rays(plan.material, plan.resolution, plan.origin, xy, float(pose[2]) + offsets)
-    seen = (hits.furn_id == furniture_index) & (hits.furn_t < hits.wall_t)
-    return float(offsets[seen].mean()) if seen.any() else None
