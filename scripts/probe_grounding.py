@@ -30,7 +30,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -78,18 +77,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _synthesize(args, out: Path) -> None:
-    if (out / "collection.json").is_file():
-        _log(f"reusing {out}")
-        return
-    cmd = [
-        sys.executable, str(REPO / "tools/data/synthesize_gn0_collection.py"), "--output-dir", str(out),
-        "--occupancy-dir", str(out.with_name(out.name + "_occ")), "--num-scenes", str(args.scenes),
-        "--episodes-per-scene", str(args.episodes_per_scene), "--seed", str(args.seed), "--workers",
-        str(args.workers), "--level", args.level, "--goal-variants", str(args.goal_variants), "--label-expert",
-        args.label_expert,
-    ]  # fmt: skip
-    _log(" ".join(cmd[1:]))
-    subprocess.run(cmd, check=True)
+    from train_stage2 import synthesize_collection  # scripts/ is on sys.path when this file runs
+
+    synthesize_collection(
+        out, scenes=args.scenes, episodes_per_scene=args.episodes_per_scene, seed=args.seed, workers=args.workers,
+        level=args.level, goal_variants=args.goal_variants, label_expert=args.label_expert, log=_log,
+    )  # fmt: skip
 
 
 def split_by_scene(episode_ids: list[str], fraction: float, seed: int) -> tuple[list[str], list[str]]:

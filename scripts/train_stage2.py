@@ -109,19 +109,45 @@ def _log(msg: str) -> None:
     print(f"[stage2 {time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
 
-def _synthesize(args, out: Path) -> None:
+def synthesize_collection(
+    out: Path,
+    *,
+    scenes: int,
+    episodes_per_scene: int,
+    seed: int,
+    workers: int,
+    level: str,
+    goal_variants: int,
+    label_expert: str,
+    image_size: tuple[int, int] | None = None,
+    log=print,
+) -> None:
+    """Builds a noisy-expert GN0 collection in ``out`` (occupancy scenes in ``<out>_occ``) unless one is there.
+
+    Runs ``tools/data/synthesize_gn0_collection.py`` in a child process (it writes to temporary folders and
+    renames them, so a collection that exists is complete). Shared with ``scripts/probe_grounding.py``.
+    """
     if (out / "collection.json").is_file():
-        _log(f"reusing {out}")
+        log(f"reusing {out}")
         return
     cmd = [
         sys.executable, str(REPO / "tools/data/synthesize_gn0_collection.py"), "--output-dir", str(out),
-        "--occupancy-dir", str(out.with_name(out.name + "_occ")), "--num-scenes", str(args.scenes),
-        "--episodes-per-scene", str(args.episodes_per_scene), "--seed", str(args.seed), "--workers",
-        str(args.workers), "--level", args.level, "--image-size", *map(str, args.image_size),
-        "--goal-variants", str(args.goal_variants), "--label-expert", args.label_expert,
+        "--occupancy-dir", str(out.with_name(out.name + "_occ")), "--num-scenes", str(scenes),
+        "--episodes-per-scene", str(episodes_per_scene), "--seed", str(seed), "--workers", str(workers),
+        "--level", level, "--goal-variants", str(goal_variants), "--label-expert", label_expert,
     ]  # fmt: skip
-    _log(" ".join(cmd[1:]))
+    if image_size is not None:
+        cmd += ["--image-size", *map(str, image_size)]
+    log(" ".join(cmd[1:]))
     subprocess.run(cmd, check=True)
+
+
+def _synthesize(args, out: Path) -> None:
+    synthesize_collection(
+        out, scenes=args.scenes, episodes_per_scene=args.episodes_per_scene, seed=args.seed, workers=args.workers,
+        level=args.level, goal_variants=args.goal_variants, label_expert=args.label_expert,
+        image_size=tuple(args.image_size), log=_log,
+    )  # fmt: skip
 
 
 def _readme(name: str, args, rnd: int, provenance: dict, evaluation: dict | None) -> str:

@@ -349,6 +349,40 @@ def swap_partners(data: EncodedRows, rows: torch.Tensor) -> torch.Tensor:
     return torch.tensor(out, dtype=torch.long)
 
 
+def _evaluation_rows(data: EncodedRows, cfg: SFTConfig) -> torch.Tensor:
+    """``[n]`` rows spread evenly over the whole set (rows come in episode order)."""
+    n = min(cfg.eval_rows, data.rows)
+    return torch.linspace(0, data.rows - 1, n).round().long()
+
+
+@torch.no_grad()
+def _paired_contexts(model: WNMModel, data: EncodedRows, cfg: SFTConfig, sigma: float | None):
+    """Chunks of the own-versus-swapped instruction comparison shared by the two gap measurements.
+
+    Yields, per chunk of up to 16 of :func:`_evaluation_rows`: ``(pos [c], x0, a0, sigma [c], noise_video,
+    noise_action, (context_own, context_swapped))``, with the same fixed noise for both contexts; the swapped
+    context differs only in its text tokens (those of :func:`swap_partners`). ``sigma`` None gives stratified
+    noise levels, a float puts every row at that level.
+    """
+    g = torch.Generator().manual_seed(54321)
+    rows = _evaluation_rows(data, cfg)
+    n = len(rows)
+    other = swap_partners(data, rows)
+    sigmas = (torch.arange(n) + 0.5) / n if sigma is None else torch.full((n,), float(sigma))
+    dev = data.row_example.device
+    for pos in torch.arange(n).split(16):
+        chunk, chunk_other = rows[pos], other[pos]
+        x0, a0, s, ev, ea = _draw(data, chunk, g, sigmas[pos])
+        hist, feats = _trained_features(model, data, chunk.to(dev), ())
+        _, feats_other = _trained_features(model, data, chunk_other.to(dev), ())
+        contexts = tuple(
+            model.context_from_features(hist, {**feats, "text": text["text"], "text_mask": text["text_mask"]})
+            for text in (feats, feats_other)
+        )
+        yield pos, x0, a0, s, ev, ea, contexts
+
+
+@torch.no_grad()
 def instruction_gap(model: WNMModel, data: EncodedRows, cfg: SFTConfig, sigma: float | None = None) -> dict[str, float]:
     """Held-out action loss with each row's own instruction and with the instruction of another row.
 
@@ -367,23 +401,12 @@ def instruction_gap(model: WNMModel, data: EncodedRows, cfg: SFTConfig, sigma: f
     """
     was_training = model.transformer.training
     model.transformer.eval()
-    g = torch.Generator().manual_seed(54321)
-    n = min(cfg.eval_rows, data.rows)
-    rows = torch.linspace(0, data.rows - 1, n).round().long()
-    other = swap_partners(data, rows)
-    sigma = (torch.arange(n) + 0.5) / n if sigma is None else torch.full((n,), float(sigma))
     totals = {"action": 0.0, "action_swapped": 0.0}
-    dev = data.row_example.device
-    for pos in torch.arange(n).split(16):
-        chunk, chunk_other = rows[pos], other[pos]
-        x0, a0, s, ev, ea = _draw(data, chunk, g, sigma[pos])
-        hist, feats = _trained_features(model, data, chunk.to(dev), ())
-        _, feats_other = _trained_features(model, data, chunk_other.to(dev), ())
-        w = len(chunk) / n
-        for key, text in (("action", feats), ("action_swapped", feats_other)):
-            ctx = model.context_from_features(hist, {**feats, "text": text["text"], "text_mask": text["text_mask"]})
+    n = min(cfg.eval_rows, data.rows)
+    for pos, x0, a0, s, ev, ea, contexts in _paired_contexts(model, data, cfg, sigma):
+        for key, ctx in zip(("action", "action_swapped"), contexts):
             _, parts = joint_flow_matching_loss(model.transformer, ctx, x0, a0, s, ev, ea, cfg.action_weight)
-            totals[key] += parts["action"] * w
+            totals[key] += parts["action"] * len(pos) / n
     model.transformer.train(was_training)
     totals["gap"] = totals["action_swapped"] - totals["action"]
     return totals
@@ -407,22 +430,12 @@ def goal_direction_gap(
     """
     was_training = model.transformer.training
     model.transformer.eval()
-    g = torch.Generator().manual_seed(54321)
-    n = min(cfg.eval_rows, data.rows)
-    rows = torch.linspace(0, data.rows - 1, n).round().long()
-    other = swap_partners(data, rows)
-    sigma = (torch.arange(n) + 0.5) / n if sigma is None else torch.full((n,), float(sigma))
     dev = data.row_example.device
-    target = data.goal_polar[data.row_example[rows.to(dev)]].float()
+    target = data.goal_polar[data.row_example[_evaluation_rows(data, cfg).to(dev)]].float()
     errors: dict[str, list[torch.Tensor]] = {"bearing_error_deg": [], "bearing_error_deg_swapped": []}
     with probe.attached(model.transformer):
-        for pos in torch.arange(n).split(16):
-            chunk, chunk_other = rows[pos], other[pos]
-            x0, a0, s, ev, ea = _draw(data, chunk, g, sigma[pos])
-            hist, feats = _trained_features(model, data, chunk.to(dev), ())
-            _, feats_other = _trained_features(model, data, chunk_other.to(dev), ())
-            for key, text in (("bearing_error_deg", feats), ("bearing_error_deg_swapped", feats_other)):
-                ctx = model.context_from_features(hist, {**feats, "text": text["text"], "text_mask": text["text_mask"]})
+        for pos, x0, a0, s, ev, ea, contexts in _paired_contexts(model, data, cfg, sigma):
+            for key, ctx in zip(("bearing_error_deg", "bearing_error_deg_swapped"), contexts):
                 joint_flow_matching_loss(model.transformer, ctx, x0, a0, s, ev, ea, cfg.action_weight)
                 errors[key].append(bearing_error_deg(probe.predict(), target[pos.to(dev)]))
     model.transformer.train(was_training)
