@@ -69,6 +69,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--independent-action-noise", type=float, default=0.0, help="SFTConfig.independent_action_noise (default 0)"
     )
     p.add_argument("--goal-aux-pure-noise", type=float, default=0.0, help="SFTConfig.goal_aux_pure_noise (default 0)")
+    p.add_argument("--view-aux-weight", type=float, default=0.0, help="SFTConfig.view_aux_weight (default 0: off)")
+    p.add_argument("--device", default="cpu", help="torch device of SFT (default cpu)")
     p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", help="WNMConfig override, all arms")
     p.add_argument("--seed", type=int, default=0, help="seed of data, weights and SFT draws (default 0)")
     p.add_argument("--workers", type=int, default=1, help="processes for synthesis and decoding (default 1)")
@@ -234,8 +236,11 @@ def main(argv: list[str] | None = None) -> int:
                                 seed=args.seed, train_encoders=sft.TRAINABLE_ENCODERS,
                                 goal_aux_weight=args.goal_aux_weight,
                                 independent_action_noise=args.independent_action_noise,
-                                goal_aux_pure_noise=args.goal_aux_pure_noise)  # fmt: skip
-        res = sft.train_sft(model, _copy_rows(read["train"]), _copy_rows(read["heldout"]), sft_cfg, progress)
+                                goal_aux_pure_noise=args.goal_aux_pure_noise,
+                                view_aux_weight=args.view_aux_weight)  # fmt: skip
+        model.to(args.device)
+        train_rows, held_rows = _copy_rows(read["train"]).to(args.device), _copy_rows(read["heldout"]).to(args.device)
+        res = sft.train_sft(model, train_rows, held_rows, sft_cfg, progress)
         aux = res["goal_aux_losses"]
         k = max(1, len(aux) // 10)
         results[arm] = {
@@ -245,6 +250,8 @@ def main(argv: list[str] | None = None) -> int:
             "instruction_gap_pure_noise": res["instruction_gap_pure_noise"],
             "goal_direction": res["goal_direction"],
             "goal_direction_pure_noise": res["goal_direction_pure_noise"],
+            "object_view": res["object_view"],
+            "object_view_pure_noise": res["object_view_pure_noise"],
             "goal_aux_loss_first_last": [sum(aux[:k]) / k, sum(aux[-k:]) / k] if aux else None,
             "wall_s": time.perf_counter() - t1,
         }
@@ -253,6 +260,7 @@ def main(argv: list[str] | None = None) -> int:
         tag = f"_ian{args.independent_action_noise:g}" if args.independent_action_noise else ""
         tag += f"_pure{args.goal_aux_pure_noise:g}" if args.goal_aux_pure_noise else ""
         tag += f"_aux{args.goal_aux_weight:g}" if args.goal_aux_weight != 1.0 else ""
+        tag += f"_view{args.view_aux_weight:g}" if args.view_aux_weight else ""
         out = args.workdir / f"grounding_{arm}{tag}.json"
         tmp = out.with_name(out.name + ".tmp")
         tmp.write_text(json.dumps({**meta, **results[arm]}, indent=1) + "\n")
@@ -273,6 +281,16 @@ def main(argv: list[str] | None = None) -> int:
             print(f"| {arm} | {label} | {ig['action']:.4f} / {ig['action_swapped']:.4f} | {ig['gap']:+.4f} | "
                   f"{gd.get('bearing_error_deg', nan):.1f} / {gd.get('bearing_error_deg_swapped', nan):.1f} | "
                   f"{gd.get('gap', nan):+.1f} | {gd.get('constant', nan):.1f} |")  # fmt: skip
+    if args.view_aux_weight:
+        print("\nview grounding (is the named object in the current frame, and where):")
+        print("| arm | noise | in view told right, own / swapped | majority | its bearing error own / swapped (deg) |")
+        print("| --- | --- | --- | --- | --- |")
+        for arm, r in results.items():
+            for label, suffix in (("stratified", ""), ("pure noise", "_pure_noise")):
+                ov = r["object_view" + suffix]
+                print(f"| {arm} | {label} | {ov['visible_accuracy']:.3f} / {ov['visible_accuracy_swapped']:.3f} | "
+                      f"{ov['base_rate']:.3f} | {ov['bearing_error_deg']:.1f} / "
+                      f"{ov['bearing_error_deg_swapped']:.1f} |")  # fmt: skip
     return 0
 
 

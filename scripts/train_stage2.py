@@ -70,6 +70,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="weight of the auxiliary goal-direction loss in SFT (models/wnm/goal_probe.py; default 0: off)",
     )
     p.add_argument(
+        "--view-aux-weight",
+        type=float,
+        default=0.0,
+        help="weight of the auxiliary view-grounding loss in SFT: is the named object in the current frame, where "
+        "(goal_probe.ObjectViewProbe; default 0: off)",
+    )
+    p.add_argument(
         "--independent-action-noise",
         type=float,
         default=0.0,
@@ -227,9 +234,9 @@ def _check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> No
     for flag in ("beta0", "beta_decay"):
         if not 0.0 <= getattr(args, flag) <= 1.0:
             parser.error(f"--{flag.replace('_', '-')} must be in [0, 1], got {getattr(args, flag)}")
-    if not (args.lr > 0 and args.action_weight >= 0 and args.goal_aux_weight >= 0):
-        parser.error(f"--lr must be > 0, --action-weight and --goal-aux-weight >= 0, got {args.lr}, "
-                     f"{args.action_weight}, {args.goal_aux_weight}")  # fmt: skip
+    if not (args.lr > 0 and args.action_weight >= 0 and args.goal_aux_weight >= 0 and args.view_aux_weight >= 0):
+        parser.error(f"--lr must be > 0, --action-weight, --goal-aux-weight and --view-aux-weight >= 0, got "
+                     f"{args.lr}, {args.action_weight}, {args.goal_aux_weight}, {args.view_aux_weight}")  # fmt: skip
     for name in ("independent_action_noise", "goal_aux_pure_noise"):
         if not 0.0 <= getattr(args, name) <= 1.0:
             parser.error(f"--{name.replace('_', '-')} must be in [0, 1], got {getattr(args, name)}")
@@ -355,7 +362,8 @@ def _train_round(args, config, rnd: int, data: Path, ckpt: Path, state: RoundSta
                                 seed=args.seed + rnd, train_encoders=train_encoders,
                                 goal_aux_weight=args.goal_aux_weight,
                                 independent_action_noise=args.independent_action_noise,
-                                goal_aux_pure_noise=args.goal_aux_pure_noise)  # fmt: skip
+                                goal_aux_pure_noise=args.goal_aux_pure_noise,
+                                view_aux_weight=args.view_aux_weight)  # fmt: skip
         result = sft.train_sft(model, train_all, heldout, cfg_sft, progress)
         prov = {
             "tool": "scripts/train_stage2.py",
@@ -369,6 +377,10 @@ def _train_round(args, config, rnd: int, data: Path, ckpt: Path, state: RoundSta
             "final_heldout_loss": result["final_heldout"],
             "instruction_gap": result["instruction_gap"],
             "goal_direction": result["goal_direction"],
+            "instruction_gap_pure_noise": result["instruction_gap_pure_noise"],
+            "goal_direction_pure_noise": result["goal_direction_pure_noise"],
+            "object_view": result["object_view"],
+            "object_view_pure_noise": result["object_view_pure_noise"],
             "arguments": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
         }
         model.eval()
@@ -383,6 +395,15 @@ def _train_round(args, config, rnd: int, data: Path, ckpt: Path, state: RoundSta
             _log(f"round {rnd}: goal-direction loss {sum(aux[:k]) / k:.3f} -> {sum(aux[-k:]) / k:.3f}; held-out "
                  f"bearing error {gd['bearing_error_deg']:.1f} deg with the own instruction, "
                  f"{gd['bearing_error_deg_swapped']:.1f} with another's (constant {gd['constant']:.1f})")  # fmt: skip
+        ig = result["instruction_gap_pure_noise"]
+        _log(f"round {rnd}: at pure noise, action loss {ig['action']:.4f} own / {ig['action_swapped']:.4f} another's "
+             f"instruction (gap {ig['gap']:+.4f})")  # fmt: skip
+        for label, ov in (("spread noise", result["object_view"]), ("pure noise", result["object_view_pure_noise"])):
+            if ov is not None:
+                _log(f"round {rnd}: view grounding at {label}: named object in view told right in "
+                     f"{ov['visible_accuracy']:.1%} own / {ov['visible_accuracy_swapped']:.1%} another's instruction "
+                     f"(majority {ov['base_rate']:.1%}); its bearing off by {ov['bearing_error_deg']:.1f} / "
+                     f"{ov['bearing_error_deg_swapped']:.1f} deg")  # fmt: skip
     else:  # resumed: the earlier rounds' rows were encoded by older encoders; describe them with this round's
         sft.refresh_features(model, train_all, train_encoders)
         sft.refresh_features(model, heldout, train_encoders)

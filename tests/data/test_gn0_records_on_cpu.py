@@ -140,3 +140,21 @@ def test_episode_ids_are_sorted(tmp_path):
     for name in ("b", "a10", "a2"):
         (tmp_path / "episodes" / name).mkdir(parents=True)
     assert list_episode_ids(tmp_path) == ["a10", "a2", "b"]
+
+
+def test_goal_object_bearing_is_optional_and_checked(tmp_path):
+    doc = _episode_doc()
+    _write(tmp_path, doc)
+    assert parse_episode(tmp_path, "e1").queries[0].goal_object_bearing is None  # older records lack the field
+    doc["queries"][0]["goal_object_bearing"] = 0.25
+    _write(tmp_path, doc)
+    assert parse_episode(tmp_path, "e1").queries[0].goal_object_bearing == 0.25
+    doc["queries"][0]["goal_object_bearing"] = None  # recorded: not in view
+    _write(tmp_path, doc)
+    assert math.isnan(parse_episode(tmp_path, "e1").queries[0].goal_object_bearing)
+    for bad in (4.0, "left", True):
+        doc["queries"][0]["goal_object_bearing"] = bad
+        _write(tmp_path, doc)
+        ep = parse_episode(tmp_path, "e1")
+        ((_, err),) = ep.rejected_queries
+        assert err.reason == "invalid_record" and "goal_object_bearing" in str(err)

@@ -64,12 +64,60 @@ def test_records_follow_the_contract(scene):
             assert not occ.disc_collides(ref[:, :2], cfg.collector.planner.robot_radius).any()
             assert set(q["events"]) <= set(EVENT_NAMES)
             assert count_frames(ep / q["reference_video"]) == 33
+            # Where the goal object is drawn in the query's own frame: null or inside the 90-degree view.
+            bearing = q["goal_object_bearing"]
+            assert bearing is None or abs(bearing) <= np.radians(cfg.collector.camera.fov_deg) / 2
         n_queries += len(ts)
         # The stored video shows what the renderer draws at the recorded poses.
         frames = read_frames(ep / rec["video"], [0, len(poses) - 1])
         direct = Renderer(plan, cfg.collector.camera).render(poses[[0, -1]])
         assert np.abs(frames.astype(int) - direct).mean() < 3.0
     assert n_queries == summary["queries"]
+
+
+@pytest.fixture(scope="module")
+def one_room(tmp_path_factory):
+    from verl_omni.sim.levels import get_level
+
+    root = tmp_path_factory.mktemp("one_room")
+    cfg = SynthesisConfig(
+        num_scenes=1,
+        episodes_per_scene=4,
+        floorplan=get_level("one_room").floorplan(),
+        collector=CollectorConfig(camera=CameraConfig(width=32, height=32)),
+        goal_variants=3,
+    )
+    (root / "episodes").mkdir()
+    synthesize_scene(0, 3, cfg, root / "episodes", root / "occ")
+    return root
+
+
+def test_goal_object_bearing_agrees_with_the_rendered_frame(one_room):
+    # Independent of the ray caster the collector uses: where a bearing is recorded the goal object's colour is in
+    # the stored frame; where none is, that colour is absent unless another piece of the scene shares it. The
+    # renderer dims with distance, so colours are compared by direction (chromaticity); white and black goals,
+    # whose direction the grey surfaces share, are left out.
+    root = one_room
+    plan = FloorPlan.load(root / "occ" / "s0000")
+    agree = []
+    for ep in sorted((root / "episodes").iterdir()):
+        rec = json.loads((ep / "episode.json").read_text())
+        goal = rec["goal_object"]
+        colour = np.array(next(f.rgb for f in plan.furniture if f.name == goal["name"]))
+        unique = sum(f.colour == goal["colour"] for f in plan.furniture) == 1
+        if goal["colour"] in ("white", "black"):
+            continue
+        frames = read_frames(ep / rec["video"], [q["t"] for q in rec["queries"]])
+        for q, frame in zip(rec["queries"], frames, strict=True):
+            px = frame.astype(float) + 1e-6
+            cos = (px @ colour) / (np.linalg.norm(px, axis=-1) * np.linalg.norm(colour))
+            drawn = bool((cos > 0.995).any())
+            recorded = q["goal_object_bearing"] is not None
+            if recorded or unique:
+                agree.append((drawn, recorded))
+    assert sum(r for _, r in agree) >= 10 and sum(not r for _, r in agree) >= 10  # both cases are checked
+    share = np.mean([d == r for d, r in agree])
+    assert share >= 0.9, f"{share:.0%} of {len(agree)} query frames agree"
 
 
 def test_scene_is_reproducible(scene, tmp_path):

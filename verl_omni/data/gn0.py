@@ -135,6 +135,9 @@ class QueryRecord:
         reference_stop: ``uint8 [32]`` expert stop flags.
         reference_video: Path relative to the collection root.
         events: Event names.
+        goal_object_bearing: Optional: bearing (radians, robot frame, left positive) at which the goal object is
+            drawn in the frame at ``t``; NaN when it is not in that view; None when the record does not say
+            (the field is optional: older collections lack it).
     """
 
     t: int
@@ -142,6 +145,7 @@ class QueryRecord:
     reference_stop: np.ndarray
     reference_video: str
     events: tuple[str, ...]
+    goal_object_bearing: float | None = None
 
 
 @dataclass(frozen=True, eq=False)
@@ -226,9 +230,19 @@ def _parse_query(q, index: int, ep_rel: str, poses: np.ndarray, where: str) -> Q
     # Canonical order (the EVENT_NAMES order, no duplicates) so equal label sets give equal rows.
     ordered = tuple(e for e in EVENT_NAMES if e in events)
     video = _relative_file(ep_rel, q["reference_video"], f"{qw}.reference_video")
+    bearing = None
+    if "goal_object_bearing" in q:  # optional; null = the goal object is not drawn in the frame at t
+        raw = q["goal_object_bearing"]
+        number = isinstance(raw, (int, float)) and not isinstance(raw, bool)
+        if raw is not None and not (number and -math.pi <= raw <= math.pi):
+            raise RecordRejected(
+                "invalid_record", f"{qw}.goal_object_bearing: must be null or radians in [-pi, pi], got {raw!r}"
+            )
+        bearing = math.nan if raw is None else float(raw)
     return QueryRecord(
-        t=t, reference_poses=ref, reference_stop=stop.astype(np.uint8), reference_video=video, events=ordered
-    )
+        t=t, reference_poses=ref, reference_stop=stop.astype(np.uint8), reference_video=video, events=ordered,
+        goal_object_bearing=bearing,
+    )  # fmt: skip
 
 
 def parse_episode(root: str | Path, episode_id: str) -> EpisodeRecord:

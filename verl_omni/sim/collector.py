@@ -31,6 +31,7 @@ from verl_omni.sim.floorplan import FloorPlan, FloorPlanConfig, FloorPlanError, 
 from verl_omni.sim.instructions import TEMPLATES, make_instructions
 from verl_omni.sim.planner import ExpertPlanner, PlannerConfig, PlanningError, resample_polyline
 from verl_omni.sim.render import CameraConfig, Renderer
+from verl_omni.sim.search_expert import object_bearings, search_continuation, seen_in_history
 
 COLLECTION_FORMAT = "gn0-dagger/1"
 
@@ -389,10 +390,11 @@ def label_episode(
     # A learned driver (DAgger) can end up where the planner's map has no path (inside the robot-radius margin
     # of furniture, i.e. in collision): the expert cannot label such a state, so it is not queried.
     reachable = planner.reachable(poses[times, :2])
+    # Where the named object is drawn in each query's current frame: the target of the Stage-II view-grounding
+    # head (models.wnm.goal_probe.ObjectViewProbe), computed here because only the simulator knows the scene.
+    in_view = dict(zip(times, object_bearings(plan, poses[times], obj_index, cfg.camera), strict=True))
     for t in (t for t, ok in zip(times, reachable, strict=True) if ok):
         if cfg.label_expert == "search":
-            from verl_omni.sim.search_expert import search_continuation, seen_in_history  # builds on the planner
-
             seen = seen_in_history(plan, poses, t, obj_index, cfg.history_frames, cfg.camera)
             ref_poses, ref_stop = search_continuation(plan, planner, obj_index, poses[t], seen, cfg.horizon, cfg.camera)
         else:
@@ -407,6 +409,7 @@ def label_episode(
                 "reference_stop": [int(v) for v in ref_stop],
                 "reference_video": name,
                 "events": events,
+                "goal_object_bearing": None if math.isnan(in_view[t]) else float(in_view[t]),
             }
         )
     record = {

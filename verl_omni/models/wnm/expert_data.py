@@ -2,7 +2,8 @@
 
 Per query state t of an episode: history = ``rgb.mp4`` frames ``t-32 .. t`` (clamped at 0), target = the 33
 frames of ``ref_<t>.mp4``, expert actions = ``poses_to_actions(reference_poses, reference_stop)``, and the goal's
-bearing and distance from the query pose (an auxiliary SFT target, :mod:`.goal_probe`).
+bearing and distance from the query pose, and where the goal object is drawn in the current frame (auxiliary SFT
+targets, :mod:`.goal_probe`).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from tqdm import tqdm
 
 from verl_omni.data.actions import poses_to_actions
 
-from .goal_probe import goal_polar
+from .goal_probe import goal_polar, object_view_target
 
 
 @dataclass
@@ -31,6 +32,8 @@ class ExpertExample:
         actions: float64 ``[32, 4]`` raw expert actions.
         instructions: Instruction variants of the episode.
         goal_polar: float32 ``[3]`` goal bearing and distance in the robot frame (:func:`goal_probe.goal_polar`).
+        goal_view: float32 ``[3]`` the goal object in the current frame (:func:`goal_probe.object_view_target`);
+            None when the record does not say (collections synthesized before the field existed).
     """
 
     episode_id: str
@@ -39,6 +42,7 @@ class ExpertExample:
     actions: np.ndarray
     instructions: tuple[str, ...]
     goal_polar: np.ndarray | None = None
+    goal_view: np.ndarray | None = None
 
 
 def history_indices(t: int, frames: int) -> list[int]:
@@ -66,7 +70,8 @@ def _episode_examples(job: tuple[str, str, int]) -> list[ExpertExample]:
         target = read_frames(root / q.reference_video, list(range(len(q.reference_poses))))
         actions = poses_to_actions(q.reference_poses, q.reference_stop)
         polar = goal_polar(ep.poses[q.t], ep.goal)
-        out.append(ExpertExample(episode_id, history, target, actions, tuple(ep.instructions), polar))
+        view = None if q.goal_object_bearing is None else object_view_target(q.goal_object_bearing)
+        out.append(ExpertExample(episode_id, history, target, actions, tuple(ep.instructions), polar, view))
     return out
 
 

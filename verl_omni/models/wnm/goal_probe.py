@@ -1,4 +1,4 @@
-"""An auxiliary Stage-II target: where is the named goal, seen from the robot? (SFT only; never saved.)
+"""Auxiliary Stage-II targets: where is the named goal, seen from the robot? (SFT only; never saved.)
 
 The action loss alone tells the model what the expert did, and in the synthetic data most of that can be read
 from the views without the instruction (measured: every Stage-II checkpoint so far ignores it). Auxiliary
@@ -7,6 +7,12 @@ predicts the goal's bearing (cos, sin) and distance in the robot frame, which th
 the named object in its views. The target comes from the episode record (query pose and goal point), the head
 lives only during SFT (the checkpoint and Stage III never see it), and its gradient flows into the DiT through
 the action tokens' last hidden state.
+
+Measured: the goal point's bearing is a weak grounding target, because in many states the goal is in none of
+the policy's views and its direction cannot be known. :class:`ObjectViewProbe` asks a question that the current
+view and the instruction always answer: is the *named* object drawn in the current frame, and at what bearing?
+The answer is a deterministic function of the inputs the policy has (the simulator records it per query state,
+``goal_object_bearing``), so the head's gradient asks for exactly the text-to-view grounding the policy lacks.
 """
 
 from __future__ import annotations
@@ -32,6 +38,14 @@ def goal_polar(pose: np.ndarray, goal: np.ndarray) -> np.ndarray:
     dx, dy = float(goal[0] - pose[0]), float(goal[1] - pose[1])
     bearing = math.atan2(dy, dx) - float(pose[2])
     return np.array([math.cos(bearing), math.sin(bearing), math.hypot(dx, dy) / DISTANCE_SCALE_M], np.float32)
+
+
+def object_view_target(bearing: float) -> np.ndarray:
+    """``float32 [3]``: ``(in view, cos b, sin b)`` of the goal object in the current frame; ``(0, 1, 0)`` when it
+    is not drawn (``bearing`` NaN), the bearing terms are then ignored by :meth:`ObjectViewProbe.loss`."""
+    if math.isnan(bearing):
+        return np.array([0.0, 1.0, 0.0], np.float32)
+    return np.array([1.0, math.cos(bearing), math.sin(bearing)], np.float32)
 
 
 class GoalProbe(nn.Module):
@@ -83,6 +97,24 @@ class GoalProbe(nn.Module):
             return F.mse_loss(pred, target)
         keep = rows.to(pred.device)[:, None].to(pred.dtype)
         return ((pred - target).square() * keep).sum() / (keep.sum() * pred.shape[1]).clamp_min(1.0)
+
+
+class ObjectViewProbe(GoalProbe):
+    """Head predicting :func:`object_view_target`: a visibility logit and the object's bearing ``(cos, sin)``."""
+
+    def loss(self, target: torch.Tensor, rows: torch.Tensor | None = None) -> torch.Tensor:
+        """Binary cross-entropy of visibility plus the squared bearing error on the rows where the object is drawn.
+
+        Args:
+            target: ``[B, 3]`` :func:`object_view_target` targets.
+            rows: Unused (every row's current view answers the question); kept for the common signature.
+        """
+        pred = self.predict()
+        target = target.to(pred.device, pred.dtype)
+        visible = target[:, 0]
+        seen = F.binary_cross_entropy_with_logits(pred[:, 0], visible)
+        where = (pred[:, 1:] - target[:, 1:]).square().sum(1) * visible
+        return seen + where.sum() / visible.sum().clamp_min(1.0)
 
 
 def bearing_error_deg(pred: torch.Tensor, target: torch.Tensor) -> torch.Tensor:

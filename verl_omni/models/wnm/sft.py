@@ -34,7 +34,7 @@ from .expert_data import (  # noqa: F401  (re-exported: sft.* is the Stage-II AP
     subsample,
 )
 from .flow_matching import joint_flow_matching_loss
-from .goal_probe import GoalProbe, bearing_error_deg
+from .goal_probe import GoalProbe, ObjectViewProbe, bearing_error_deg
 from .model import WNMModel
 
 
@@ -55,6 +55,8 @@ class EncodedRows:
         views: uint8 ``[N, V, H, W, 3]`` history frames at :func:`condition_view_indices` per example; the
             last one is the current view.
         goal_polar: ``[N, 3]`` goal bearing/distance targets per example (None when an example lacks one).
+        goal_view: ``[N, 3]`` the goal object in the current frame per example (:func:`goal_probe.object_view_target`;
+            None when an example lacks one).
     """
 
     history_latents: torch.Tensor
@@ -68,6 +70,7 @@ class EncodedRows:
     text_ids: torch.Tensor
     views: torch.Tensor
     goal_polar: torch.Tensor | None = None
+    goal_view: torch.Tensor | None = None
 
     @property
     def rows(self) -> int:
@@ -155,7 +158,7 @@ def encode_examples(
     if calibrate:
         model.set_latent_statistics([0.0] * model.config.latent_channels, [1.0] * model.config.latent_channels)
     view_idx = condition_view_indices(model)
-    hist, targ, image, geometry, text, mask, ids, views, actions, row_ex, polar = ([] for _ in range(11))
+    hist, targ, image, geometry, text, mask, ids, views, actions, row_ex, polar, in_view = ([] for _ in range(12))
     n = 0
 
     def flush(chunk: list[ExpertExample]) -> None:
@@ -179,6 +182,7 @@ def encode_examples(
             row_ex.extend([n + j] * len(e.instructions))
             actions.append(e.actions)
             polar.append(e.goal_polar)
+            in_view.append(e.goal_view)
         n += len(chunk)
 
     chunk: list[ExpertExample] = []
@@ -216,8 +220,13 @@ def encode_examples(
         geometry=torch.cat(geometry) if geometry else None,
         text_ids=torch.cat(ids),
         views=torch.cat(views).to(hist.device),
-        goal_polar=None if any(v is None for v in polar) else torch.from_numpy(np.stack(polar)).to(hist.device),
+        goal_polar=_stacked_or_none(polar, hist.device),
+        goal_view=_stacked_or_none(in_view, hist.device),
     )
+
+
+def _stacked_or_none(values: list[np.ndarray | None], device) -> torch.Tensor | None:
+    return None if any(v is None for v in values) else torch.from_numpy(np.stack(values)).to(device)
 
 
 @torch.no_grad()
@@ -266,6 +275,9 @@ class SFTConfig:
             shared level the action tokens can read the expert's motion off the barely noisy target video
             (inverse dynamics) at low noise; rows whose video is noisier than their actions must predict the
             actions from the history and the instruction alone (the decoupled noise of unified world models).
+        view_aux_weight: Weight of the auxiliary view-grounding loss (:class:`goal_probe.ObjectViewProbe`: is the
+            named object in the current frame, at what bearing; 0 = off). Taken on every row: the current view
+            and the instruction answer it at any noise level.
         goal_aux_pure_noise: Share of training rows put at pure noise (sigma = 1 for video and actions) on which
             alone the goal-direction loss is taken (0 = on every row at its own level). Measured: at spread levels
             the head reads the goal off the barely noisy target clip (17 degrees of error at spread levels, 43 at
@@ -284,6 +296,7 @@ class SFTConfig:
     goal_aux_weight: float = 0.0
     independent_action_noise: float = 0.0
     goal_aux_pure_noise: float = 0.0
+    view_aux_weight: float = 0.0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "train_encoders", tuple(self.train_encoders))
@@ -297,6 +310,8 @@ class SFTConfig:
             raise ValueError(f"SFTConfig.lr: must be a positive number, got {self.lr}")
         if self.weight_decay < 0 or self.action_weight < 0 or not self.goal_aux_weight >= 0:
             raise ValueError("SFTConfig.weight_decay, action_weight and goal_aux_weight must be >= 0")
+        if not (self.view_aux_weight >= 0 and math.isfinite(self.view_aux_weight)):
+            raise ValueError(f"SFTConfig.view_aux_weight: must be a number >= 0, got {self.view_aux_weight}")
         for name in ("independent_action_noise", "goal_aux_pure_noise"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise ValueError(f"SFTConfig.{name}: must be in [0, 1], got {getattr(self, name)}")
@@ -446,6 +461,48 @@ def goal_direction_gap(
     return out
 
 
+@torch.no_grad()
+def object_view_gap(
+    model: WNMModel, probe: ObjectViewProbe, data: EncodedRows, cfg: SFTConfig, sigma: float | None = None
+) -> dict[str, float]:
+    """Held-out view grounding of the :class:`ObjectViewProbe` head with each row's own instruction and another's.
+
+    Whether the named object is drawn in the current frame, and where, is decided by the current view and the
+    instruction alone, so a grounded model answers it well with its own instruction and badly with one naming
+    another object; a model that ignores the instruction scores the same with both. Rows, pairing, noise and
+    sigmas as :func:`instruction_gap`.
+
+    Returns:
+        ``{"visible_accuracy", "visible_accuracy_swapped"`` (share of rows whose visibility logit has the right
+        sign) ``, "base_rate"`` (accuracy of always answering the majority class) ``, "bearing_error_deg",
+        "bearing_error_deg_swapped"`` (on rows where the object is drawn; NaN if none) ``, "gap"`` (accuracy own
+        minus swapped)``}``.
+    """
+    was_training = model.transformer.training
+    model.transformer.eval()
+    dev = data.row_example.device
+    target = data.goal_view[data.row_example[_evaluation_rows(data, cfg).to(dev)]].float()
+    keys = ("", "_swapped")
+    preds: dict[str, list[torch.Tensor]] = {k: [] for k in keys}
+    with probe.attached(model.transformer):
+        for _pos, x0, a0, s, ev, ea, contexts in _paired_contexts(model, data, cfg, sigma):
+            for key, ctx in zip(keys, contexts):
+                joint_flow_matching_loss(model.transformer, ctx, x0, a0, s, ev, ea, cfg.action_weight)
+                preds[key].append(probe.predict().float())
+    model.transformer.train(was_training)
+    visible = target[:, 0] > 0.5
+    out: dict[str, float] = {}
+    for key in keys:
+        pred = torch.cat(preds[key])
+        out[f"visible_accuracy{key}"] = float(((pred[:, 0] > 0) == visible).float().mean())
+        err = bearing_error_deg(pred[visible, 1:], target[visible, 1:])
+        out[f"bearing_error_deg{key}"] = float(err.mean()) if visible.any() else math.nan
+    share = float(visible.float().mean())
+    out["base_rate"] = max(share, 1.0 - share)
+    out["gap"] = out["visible_accuracy"] - out["visible_accuracy_swapped"]
+    return out
+
+
 def _trainable_encoders(model: WNMModel, names: tuple[str, ...]) -> list[torch.nn.Module]:
     modules = []
     for name in names:
@@ -460,8 +517,9 @@ def _trainable_encoders(model: WNMModel, names: tuple[str, ...]) -> list[torch.n
     return modules
 
 
-def _sft_loop(model, train, heldout, cfg, bar, g, opt, params, probe, curve, losses, window, aux_losses) -> None:
+def _sft_loop(model, train, heldout, cfg, bar, g, opt, params, probes, curve, losses, window, aux_losses) -> None:
     """The optimizer steps of :func:`train_sft` (appends to ``curve``, ``losses``, ``window``, ``aux_losses``)."""
+    probe, view_probe = probes
     for step in bar:
         rows = torch.randint(0, train.rows, (cfg.batch_size,), generator=g)
         x0, a0, s, ev, ea = _draw(train, rows, g)
@@ -483,7 +541,11 @@ def _sft_loop(model, train, heldout, cfg, bar, g, opt, params, probe, curve, los
         if probe is not None:  # reads the hidden state recorded by the forward just above
             aux = probe.loss(train.goal_polar[train.row_example[rows]], pure)
             total = loss + cfg.goal_aux_weight * aux
-            aux_losses.append(aux.item())
+            aux_losses["goal"].append(aux.item())
+        if view_probe is not None:  # same recorded forward; every row counts
+            aux = view_probe.loss(train.goal_view[train.row_example[rows]])
+            total = total + cfg.view_aux_weight * aux
+            aux_losses["view"].append(aux.item())
         opt.zero_grad(set_to_none=True)
         total.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
@@ -506,9 +568,10 @@ def train_sft(model: WNMModel, train: EncodedRows, heldout: EncodedRows, cfg: SF
     Returns:
         ``{"initial_heldout", "final_heldout", "instruction_gap"`` (:func:`instruction_gap` of the held-out rows)
         ``, "instruction_gap_pure_noise"`` (at sigma 1) ``, "goal_direction"`` (:func:`goal_direction_gap`, None
-        without the goal head) ``, "goal_direction_pure_noise"`` (at sigma 1) ``, "curve": [(step,
-        train_loss_avg, heldout_loss)], "train_losses", "goal_aux_losses"}`` (the last one empty unless
-        ``cfg.goal_aux_weight > 0``).
+        without the goal head) ``, "goal_direction_pure_noise"`` (at sigma 1) ``, "object_view"``
+        (:func:`object_view_gap`, None without the view head) ``, "object_view_pure_noise"`` (at sigma 1) ``,
+        "curve": [(step, train_loss_avg, heldout_loss)], "train_losses", "goal_aux_losses", "view_aux_losses"}``
+        (the last two empty unless their head is on).
     """
     encoders = _trainable_encoders(model, cfg.train_encoders)
     params = list(model.transformer.parameters())
@@ -523,16 +586,28 @@ def train_sft(model: WNMModel, train: EncodedRows, heldout: EncodedRows, cfg: SF
                              "every example read from a GN0 collection)")  # fmt: skip
         probe = GoalProbe(model.config.dim).to(train.goal_polar.device)
         params += list(probe.parameters())
+    view_probe = None
+    if cfg.view_aux_weight > 0:
+        if train.goal_view is None:
+            raise ValueError(
+                "SFTConfig.view_aux_weight > 0 needs the queries' goal_object_bearing (recorded by the simulator "
+                "since the view-grounding head exists); re-synthesize the collection"
+            )
+        view_probe = ObjectViewProbe(model.config.dim).to(train.goal_view.device)
+        params += list(view_probe.parameters())
     g = torch.Generator().manual_seed(cfg.seed)
     opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
     initial = heldout_loss(model, heldout, cfg)
-    curve, losses, window, aux_losses = [(0, None, initial["loss"])], [], [], []
+    curve, losses, window, aux_losses = [(0, None, initial["loss"])], [], [], {"goal": [], "view": []}
     model.train()  # frozen parts stay in eval mode; the built-in encoders have no dropout or batch norm
     bar = tqdm(range(1, cfg.steps + 1), desc="sft", disable=not progress)
     try:
-        attached = probe.attached(model.transformer) if probe is not None else contextlib.nullcontext()
-        with attached:
-            _sft_loop(model, train, heldout, cfg, bar, g, opt, params, probe, curve, losses, window, aux_losses)
+        with contextlib.ExitStack() as heads:
+            for head in (probe, view_probe):
+                if head is not None:
+                    heads.enter_context(head.attached(model.transformer))
+            probes = (probe, view_probe)
+            _sft_loop(model, train, heldout, cfg, bar, g, opt, params, probes, curve, losses, window, aux_losses)
     finally:
         for module in encoders:
             freeze(module)
@@ -548,9 +623,12 @@ def train_sft(model: WNMModel, train: EncodedRows, heldout: EncodedRows, cfg: SF
         "instruction_gap_pure_noise": instruction_gap(model, heldout, cfg, sigma=1.0),
         "goal_direction": None if probe is None else goal_direction_gap(model, probe, heldout, cfg),
         "goal_direction_pure_noise": None if probe is None else goal_direction_gap(model, probe, heldout, cfg, 1.0),
+        "object_view": None if view_probe is None else object_view_gap(model, view_probe, heldout, cfg),
+        "object_view_pure_noise": None if view_probe is None else object_view_gap(model, view_probe, heldout, cfg, 1.0),
         "curve": curve,
         "train_losses": losses,
-        "goal_aux_losses": aux_losses,
+        "goal_aux_losses": aux_losses["goal"],
+        "view_aux_losses": aux_losses["view"],
     }
 
 
