@@ -29,6 +29,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from verl_omni.models.wnm import WNMConfig, WNMModel, sft
+    from verl_omni.models.wnm.encoded_rows import draw_noise
     from verl_omni.models.wnm.flow_matching import joint_flow_matching_loss
 
     torch.manual_seed(args.seed)
@@ -60,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     repeats = 4
     with torch.no_grad():
         for _ in range(repeats):
-            x0, a0, s, ev, ea = sft._draw(rows, own, g)
+            x0, a0, s, ev, ea = draw_noise(rows, own, g)
             hist, feats = rows.features(own)
             _, feats_other = rows.features(other)
             swapped = {**feats, "text": feats_other["text"], "text_mask": feats_other["text_mask"]}

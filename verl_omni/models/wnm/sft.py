@@ -4,16 +4,16 @@ Used by ``tools/checkpoint/make_tiny_wnm_checkpoint.py`` and the Stage-II driver
 (which adds closed-loop DAgger rounds). Runs on any torch device: encoder outputs are cached once on the
 training device and every step draws its rows and noise there.
 
-The expert examples (one per query state, :mod:`.expert_data`) become one row per instruction variant; whole
-episodes are held out for the held-out loss. An optional auxiliary goal-direction loss (:mod:`.goal_probe`)
-trains with the flow-matching loss.
+The expert examples (one per query state, :mod:`.expert_data`) become one row per instruction variant
+(:mod:`.encoded_rows`); whole episodes are held out for the held-out loss. Optional auxiliary heads
+(:mod:`.goal_probe`: the goal's direction, the named object in the current view) train with the flow-matching
+loss, and :mod:`.grounding_eval` measures whether the result reads its instruction.
 """
 
 from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Iterable
 from dataclasses import dataclass
 
 import numpy as np
@@ -22,6 +22,14 @@ from tqdm import tqdm
 
 from verl_omni.data.actions import ActionNormalization
 
+from .encoded_rows import (  # noqa: F401  (re-exported)
+    EncodedRows,
+    condition_view_indices,
+    encode_examples,
+    refresh_features,
+    trained_features,
+)
+from .encoded_rows import draw_noise as _draw
 from .encoders import freeze
 from .expert_data import (  # noqa: F401  (re-exported: sft.* is the Stage-II API)
     ExpertExample,
@@ -34,216 +42,14 @@ from .expert_data import (  # noqa: F401  (re-exported: sft.* is the Stage-II AP
     subsample,
 )
 from .flow_matching import joint_flow_matching_loss
-from .goal_probe import GoalProbe, ObjectViewProbe, bearing_error_deg
+from .goal_probe import GoalProbe, ObjectViewProbe
+from .grounding_eval import (  # noqa: F401  (re-exported)
+    goal_direction_gap,
+    instruction_gap,
+    object_view_gap,
+    swap_partners,
+)
 from .model import WNMModel
-
-
-@dataclass
-class EncodedRows:
-    """Frozen-encoder outputs of examples, one row per (example, instruction variant).
-
-    The raw encoder inputs (token ids, the history views) are kept beside the features so that SFT can train
-    the built-in encoders (``SFTConfig.train_encoders``) without decoding the videos again.
-
-    Attributes:
-        history_latents / target_latents: ``[N, C, T', h, w]`` per example.
-        actions: ``[N, 32, 4]`` normalized actions per example.
-        row_example: ``[R]`` example index of each row.
-        text / text_mask: ``[R, Lt, text_dim]`` / ``[R, Lt]`` per row.
-        image / geometry: ``[N, Li, image_dim]`` / ``[N, Lg, geometry_dim]`` (or None) per example.
-        text_ids: ``[R, Lt]`` long token ids per row.
-        views: uint8 ``[N, V, H, W, 3]`` history frames at :func:`condition_view_indices` per example; the
-            last one is the current view.
-        goal_polar: ``[N, 3]`` goal bearing/distance targets per example (None when an example lacks one).
-        goal_view: ``[N, 3]`` the goal object in the current frame per example (:func:`goal_probe.object_view_target`;
-            None when an example lacks one).
-    """
-
-    history_latents: torch.Tensor
-    target_latents: torch.Tensor
-    actions: torch.Tensor
-    row_example: torch.Tensor
-    text: torch.Tensor
-    text_mask: torch.Tensor
-    image: torch.Tensor
-    geometry: torch.Tensor | None
-    text_ids: torch.Tensor
-    views: torch.Tensor
-    goal_polar: torch.Tensor | None = None
-    goal_view: torch.Tensor | None = None
-
-    @property
-    def rows(self) -> int:
-        return self.row_example.shape[0]
-
-    @property
-    def examples(self) -> int:
-        return self.history_latents.shape[0]
-
-    def to(self, device) -> EncodedRows:
-        """A copy with every tensor on ``device`` (training draws its rows there)."""
-        return EncodedRows(
-            **{k: None if v is None else v.to(device) for k, v in self.__dict__.items()}  # all fields are tensors
-        )
-
-    @classmethod
-    def concat(cls, parts: list[EncodedRows]) -> EncodedRows:
-        """Rows of several encodings (e.g. DAgger rounds) as one; ``row_example`` is re-offset."""
-        if not parts:
-            raise ValueError("EncodedRows.concat: nothing to concatenate")
-        fields = {}
-        for name in cls.__dataclass_fields__:
-            values = [getattr(p, name) for p in parts]
-            if name == "row_example":
-                offsets = np.cumsum([0] + [p.examples for p in parts[:-1]])
-                values = [v + int(o) for v, o in zip(values, offsets, strict=True)]
-            fields[name] = None if any(v is None for v in values) else torch.cat(values)
-        return cls(**fields)
-
-    def features(self, rows: torch.Tensor) -> tuple[torch.Tensor, dict]:
-        """History latents and cached encoder features of the given rows."""
-        ex = self.row_example[rows]
-        feats = {
-            "text": self.text[rows],
-            "text_mask": self.text_mask[rows],
-            "image": self.image[ex],
-            "geometry": None if self.geometry is None else self.geometry[ex],
-        }
-        return self.history_latents[ex], feats
-
-
-def condition_view_indices(model: WNMModel) -> list[int]:
-    """History frame indices the image and geometry encoders look at (the newest frame last)."""
-    last = model.config.history_frames - 1
-    indices = getattr(model.geometry_encoder, "frame_indices", None)
-    return list(indices) if indices else [last]
-
-
-def _trained_features(model: WNMModel, data: EncodedRows, rows: torch.Tensor, trained: tuple[str, ...]):
-    """History latents and features of ``rows``: the ``trained`` encoders run on the raw inputs (with grad),
-    the others come from the cache."""
-    hist, feats = data.features(rows)
-    ex = data.row_example[rows]
-    if "text_encoder" in trained:
-        feats["text"] = model.text_encoder(data.text_ids[rows], data.text_mask[rows]).float()
-    if "image_encoder" in trained:
-        feats["image"] = model.image_encoder(data.views[ex][:, -1]).float()
-    if "geometry_encoder" in trained:
-        feats["geometry"] = model.geometry_encoder.encode_views(data.views[ex]).float()
-    return hist, feats
-
-
-@torch.no_grad()
-def encode_examples(
-    model: WNMModel,
-    examples: Iterable[ExpertExample],
-    batch: int = 8,
-    progress: bool = True,
-    calibrate: bool = False,
-    fit_normalization: bool = False,
-) -> EncodedRows:
-    """Runs the frozen encoders once over all examples (any iterable: decoding and encoding stream together).
-
-    Args:
-        model: The model whose encoders run.
-        examples: Expert examples (e.g. :func:`iter_expert_examples`).
-        batch: Examples per encoder call.
-        progress: Show a progress bar.
-        calibrate: First set the model's latent statistics from these examples' target clips (per-channel
-            mean/std of the raw VAE latents), which a randomly initialised tiny VAE needs; the clips are encoded
-            only once either way.
-        fit_normalization: Set ``model.action_normalization`` from these examples' actions
-            (:func:`fit_action_normalization`) before normalizing them.
-    """
-    if calibrate:
-        model.set_latent_statistics([0.0] * model.config.latent_channels, [1.0] * model.config.latent_channels)
-    view_idx = condition_view_indices(model)
-    hist, targ, image, geometry, text, mask, ids, views, actions, row_ex, polar, in_view = ([] for _ in range(12))
-    n = 0
-
-    def flush(chunk: list[ExpertExample]) -> None:
-        nonlocal n
-        h = torch.from_numpy(np.stack([e.history for e in chunk]))
-        hist.append(model.encode_video(h))
-        targ.append(model.encode_video(torch.from_numpy(np.stack([e.target for e in chunk]))))
-        feats = model.encode_condition_features(h, [e.instructions[0] for e in chunk])
-        image.append(feats["image"])
-        if feats["geometry"] is not None:
-            geometry.append(feats["geometry"])
-        views.append(h[:, view_idx])
-        # Every instruction variant of the chunk in one encoder call (one call per example cost more than the VAE).
-        texts = [t for e in chunk for t in e.instructions]
-        tok_ids, _ = model.tokenizer(texts)
-        t, m = model.encode_text(texts)
-        text.append(t)
-        mask.append(m)
-        ids.append(tok_ids.to(m.device))
-        for j, e in enumerate(chunk):
-            row_ex.extend([n + j] * len(e.instructions))
-            actions.append(e.actions)
-            polar.append(e.goal_polar)
-            in_view.append(e.goal_view)
-        n += len(chunk)
-
-    chunk: list[ExpertExample] = []
-    bar = tqdm(desc="encode", unit="state", disable=not progress)
-    for e in examples:
-        chunk.append(e)
-        if len(chunk) == batch:
-            flush(chunk)
-            bar.update(len(chunk))
-            chunk = []
-    if chunk:
-        flush(chunk)
-        bar.update(len(chunk))
-    bar.close()
-    if n == 0:
-        raise ValueError("encode_examples: no examples")
-    raw_actions = np.stack(actions)
-    if fit_normalization:
-        model.action_normalization = ActionNormalization.from_actions(raw_actions)
-    hist, targ = torch.cat(hist), torch.cat(targ)
-    if calibrate:
-        z = targ.transpose(0, 1).flatten(1)  # [C, everything]
-        mean, std = z.mean(1), z.std(1).clamp_min(1e-3)
-        model.set_latent_statistics(mean.tolist(), std.tolist())
-        hist = (hist - model.latents_mean) / model.latents_std
-        targ = (targ - model.latents_mean) / model.latents_std
-    return EncodedRows(
-        history_latents=hist,
-        target_latents=targ,
-        actions=model.action_normalization.normalize(torch.from_numpy(raw_actions).float()).to(hist.device),
-        row_example=torch.tensor(row_ex, device=hist.device),
-        text=torch.cat(text),
-        text_mask=torch.cat(mask),
-        image=torch.cat(image),
-        geometry=torch.cat(geometry) if geometry else None,
-        text_ids=torch.cat(ids),
-        views=torch.cat(views).to(hist.device),
-        goal_polar=_stacked_or_none(polar, hist.device),
-        goal_view=_stacked_or_none(in_view, hist.device),
-    )
-
-
-def _stacked_or_none(values: list[np.ndarray | None], device) -> torch.Tensor | None:
-    return None if any(v is None for v in values) else torch.from_numpy(np.stack(values)).to(device)
-
-
-@torch.no_grad()
-def refresh_features(model: WNMModel, data: EncodedRows, trained: tuple[str, ...], batch: int = 256) -> None:
-    """Recomputes the cached features of the ``trained`` encoders in place, with their current weights.
-
-    Needed after SFT trained an encoder: the cache must describe the encoders saved with the checkpoint.
-    """
-    for start in range(0, data.rows, batch):
-        rows = torch.arange(start, min(start + batch, data.rows), device=data.row_example.device)
-        _, feats = _trained_features(model, data, rows, trained)
-        data.text[rows] = feats["text"]
-        ex = data.row_example[rows]
-        data.image[ex] = feats["image"]  # examples repeat over their rows; every copy is the same value
-        if data.geometry is not None:
-            data.geometry[ex] = feats["geometry"]
-
 
 TRAINABLE_ENCODERS = ("text_encoder", "image_encoder", "geometry_encoder")
 _BUILTIN_KIND_FIELD = {
@@ -317,18 +123,6 @@ class SFTConfig:
                 raise ValueError(f"SFTConfig.{name}: must be in [0, 1], got {getattr(self, name)}")
 
 
-def _draw(data: EncodedRows, rows: torch.Tensor, g: torch.Generator, sigma: torch.Tensor | None = None):
-    # The CPU generator keeps draws identical on every device; they are moved to the data's device.
-    dev = data.target_latents.device
-    rows = rows.to(dev)
-    ex = data.row_example[rows]
-    x0, a0 = data.target_latents[ex], data.actions[ex]
-    if sigma is None:
-        sigma = torch.rand(len(rows), generator=g)
-    ev, ea = torch.randn(x0.shape, generator=g), torch.randn(a0.shape, generator=g)
-    return x0, a0, sigma.to(dev), ev.to(dev), ea.to(dev)
-
-
 @torch.no_grad()
 def heldout_loss(model: WNMModel, data: EncodedRows, cfg: SFTConfig) -> dict[str, float]:
     """Loss on held-out rows with fixed noise and stratified sigmas (same draws at every call)."""
@@ -340,7 +134,7 @@ def heldout_loss(model: WNMModel, data: EncodedRows, cfg: SFTConfig) -> dict[str
     totals = {"loss": 0.0, "video": 0.0, "action": 0.0}
     for chunk in rows.split(16):
         x0, a0, s, ev, ea = _draw(data, chunk, g, sigma[chunk])
-        hist, feats = _trained_features(model, data, chunk.to(data.row_example.device), cfg.train_encoders)
+        hist, feats = trained_features(model, data, chunk.to(data.row_example.device), cfg.train_encoders)
         ctx = model.context_from_features(hist, feats)
         loss, parts = joint_flow_matching_loss(model.transformer, ctx, x0, a0, s, ev, ea, cfg.action_weight)
         w = len(chunk) / len(rows)
@@ -349,158 +143,6 @@ def heldout_loss(model: WNMModel, data: EncodedRows, cfg: SFTConfig) -> dict[str
         totals["action"] += parts["action"] * w
     model.transformer.train(was_training)
     return totals
-
-
-@torch.no_grad()
-def swap_partners(data: EncodedRows, rows: torch.Tensor) -> torch.Tensor:
-    """``[n]`` partners of ``rows [n]``: from half the set away on (cyclically), the first row of another example
-    with other token ids (a fixed offset alone can land on the same goal and swap nothing); a row without any
-    such partner keeps itself."""
-    total, ids, example = data.rows, data.text_ids.cpu(), data.row_example.cpu()
-    out = []
-    for r in rows.tolist():
-        cands = ((r + step) % total for step in range(total // 2, total // 2 + total))
-        out.append(next((o for o in cands if example[o] != example[r] and not torch.equal(ids[o], ids[r])), r))
-    return torch.tensor(out, dtype=torch.long)
-
-
-def _evaluation_rows(data: EncodedRows, cfg: SFTConfig) -> torch.Tensor:
-    """``[n]`` rows spread evenly over the whole set (rows come in episode order)."""
-    n = min(cfg.eval_rows, data.rows)
-    return torch.linspace(0, data.rows - 1, n).round().long()
-
-
-@torch.no_grad()
-def _paired_contexts(model: WNMModel, data: EncodedRows, cfg: SFTConfig, sigma: float | None):
-    """Chunks of the own-versus-swapped instruction comparison shared by the two gap measurements.
-
-    Yields, per chunk of up to 16 of :func:`_evaluation_rows`: ``(pos [c], x0, a0, sigma [c], noise_video,
-    noise_action, (context_own, context_swapped))``, with the same fixed noise for both contexts; the swapped
-    context differs only in its text tokens (those of :func:`swap_partners`). ``sigma`` None gives stratified
-    noise levels, a float puts every row at that level.
-    """
-    g = torch.Generator().manual_seed(54321)
-    rows = _evaluation_rows(data, cfg)
-    n = len(rows)
-    other = swap_partners(data, rows)
-    sigmas = (torch.arange(n) + 0.5) / n if sigma is None else torch.full((n,), float(sigma))
-    dev = data.row_example.device
-    for pos in torch.arange(n).split(16):
-        chunk, chunk_other = rows[pos], other[pos]
-        x0, a0, s, ev, ea = _draw(data, chunk, g, sigmas[pos])
-        hist, feats = _trained_features(model, data, chunk.to(dev), ())
-        _, feats_other = _trained_features(model, data, chunk_other.to(dev), ())
-        contexts = tuple(
-            model.context_from_features(hist, {**feats, "text": text["text"], "text_mask": text["text_mask"]})
-            for text in (feats, feats_other)
-        )
-        yield pos, x0, a0, s, ev, ea, contexts
-
-
-@torch.no_grad()
-def instruction_gap(model: WNMModel, data: EncodedRows, cfg: SFTConfig, sigma: float | None = None) -> dict[str, float]:
-    """Held-out action loss with each row's own instruction and with the instruction of another row.
-
-    Same rows, noise and sigmas for both. The ``cfg.eval_rows`` rows are spread evenly over the whole set
-    (rows come in episode order, so the first rows would be a few episodes only), and each is paired with
-    :func:`swap_partners` (another example's, different, instruction). A model that reads its instruction loses
-    accuracy when it is swapped (``gap > 0``); a model that ignores it scores the same.
-
-    ``sigma`` puts every row at one noise level instead of stratified ones. At ``sigma = 1`` the noisy target
-    video and actions are pure noise, so the history and the instruction are all the model has: the policy's
-    own knowledge, without the expert's future leaking in through a barely noisy target (at low noise the
-    actions can be read off the target video).
-
-    Returns:
-        ``{"action": loss with the own instruction, "action_swapped": with another's, "gap": their difference}``.
-    """
-    was_training = model.transformer.training
-    model.transformer.eval()
-    totals = {"action": 0.0, "action_swapped": 0.0}
-    n = min(cfg.eval_rows, data.rows)
-    for pos, x0, a0, s, ev, ea, contexts in _paired_contexts(model, data, cfg, sigma):
-        for key, ctx in zip(("action", "action_swapped"), contexts):
-            _, parts = joint_flow_matching_loss(model.transformer, ctx, x0, a0, s, ev, ea, cfg.action_weight)
-            totals[key] += parts["action"] * len(pos) / n
-    model.transformer.train(was_training)
-    totals["gap"] = totals["action_swapped"] - totals["action"]
-    return totals
-
-
-@torch.no_grad()
-def goal_direction_gap(
-    model: WNMModel, probe: GoalProbe, data: EncodedRows, cfg: SFTConfig, sigma: float | None = None
-) -> dict[str, float]:
-    """Held-out goal-bearing error of the goal-direction head with each row's own instruction and another's.
-
-    The grounding test that the action loss cannot give: the head must say where the *named* object is, so a
-    model that finds it in the views answers better with its own instruction than with one naming another
-    object (``gap > 0``), and a model that ignores the instruction scores the same with both. Rows, pairing,
-    noise and sigmas as :func:`instruction_gap`. ``constant`` is the error of always answering the held-out rows'
-    mean bearing (what a head that learned nothing conditional gets at best). ``sigma`` as
-    :func:`instruction_gap`: at 1, the bearing must come from the history and the instruction alone.
-
-    Returns:
-        ``{"bearing_error_deg", "bearing_error_deg_swapped", "gap", "constant"}`` (mean absolute degrees).
-    """
-    was_training = model.transformer.training
-    model.transformer.eval()
-    dev = data.row_example.device
-    target = data.goal_polar[data.row_example[_evaluation_rows(data, cfg).to(dev)]].float()
-    errors: dict[str, list[torch.Tensor]] = {"bearing_error_deg": [], "bearing_error_deg_swapped": []}
-    with probe.attached(model.transformer):
-        for pos, x0, a0, s, ev, ea, contexts in _paired_contexts(model, data, cfg, sigma):
-            for key, ctx in zip(("bearing_error_deg", "bearing_error_deg_swapped"), contexts):
-                joint_flow_matching_loss(model.transformer, ctx, x0, a0, s, ev, ea, cfg.action_weight)
-                errors[key].append(bearing_error_deg(probe.predict(), target[pos.to(dev)]))
-    model.transformer.train(was_training)
-    out = {k: float(torch.cat(v).mean()) for k, v in errors.items()}
-    out["gap"] = out["bearing_error_deg_swapped"] - out["bearing_error_deg"]
-    mean_direction = target[:, :2].mean(0, keepdim=True).expand(len(target), 2)
-    out["constant"] = float(bearing_error_deg(mean_direction, target).mean())
-    return out
-
-
-@torch.no_grad()
-def object_view_gap(
-    model: WNMModel, probe: ObjectViewProbe, data: EncodedRows, cfg: SFTConfig, sigma: float | None = None
-) -> dict[str, float]:
-    """Held-out view grounding of the :class:`ObjectViewProbe` head with each row's own instruction and another's.
-
-    Whether the named object is drawn in the current frame, and where, is decided by the current view and the
-    instruction alone, so a grounded model answers it well with its own instruction and badly with one naming
-    another object; a model that ignores the instruction scores the same with both. Rows, pairing, noise and
-    sigmas as :func:`instruction_gap`.
-
-    Returns:
-        ``{"visible_accuracy", "visible_accuracy_swapped"`` (share of rows whose visibility logit has the right
-        sign) ``, "base_rate"`` (accuracy of always answering the majority class) ``, "bearing_error_deg",
-        "bearing_error_deg_swapped"`` (on rows where the object is drawn; NaN if none) ``, "gap"`` (accuracy own
-        minus swapped)``}``.
-    """
-    was_training = model.transformer.training
-    model.transformer.eval()
-    dev = data.row_example.device
-    target = data.goal_view[data.row_example[_evaluation_rows(data, cfg).to(dev)]].float()
-    keys = ("", "_swapped")
-    preds: dict[str, list[torch.Tensor]] = {k: [] for k in keys}
-    with probe.attached(model.transformer):
-        for _pos, x0, a0, s, ev, ea, contexts in _paired_contexts(model, data, cfg, sigma):
-            for key, ctx in zip(keys, contexts):
-                joint_flow_matching_loss(model.transformer, ctx, x0, a0, s, ev, ea, cfg.action_weight)
-                preds[key].append(probe.predict().float())
-    model.transformer.train(was_training)
-    visible = target[:, 0] > 0.5
-    out: dict[str, float] = {}
-    for key in keys:
-        pred = torch.cat(preds[key])
-        out[f"visible_accuracy{key}"] = float(((pred[:, 0] > 0) == visible).float().mean())
-        err = bearing_error_deg(pred[visible, 1:], target[visible, 1:])
-        out[f"bearing_error_deg{key}"] = float(err.mean()) if visible.any() else math.nan
-    share = float(visible.float().mean())
-    out["base_rate"] = max(share, 1.0 - share)
-    out["gap"] = out["visible_accuracy"] - out["visible_accuracy_swapped"]
-    return out
 
 
 def _trainable_encoders(model: WNMModel, names: tuple[str, ...]) -> list[torch.nn.Module]:
@@ -534,7 +176,7 @@ def _sft_loop(model, train, heldout, cfg, bar, g, opt, params, probes, curve, lo
             if pure is not None:  # the goal head's rows stay at pure noise for the actions too
                 sa = torch.where(pure.to(s.device), torch.ones_like(sa), sa)
         rows = rows.to(train.row_example.device)
-        hist, feats = _trained_features(model, train, rows, cfg.train_encoders)
+        hist, feats = trained_features(model, train, rows, cfg.train_encoders)
         ctx = model.context_from_features(hist, feats)  # projectors train; frozen encoders' features are fixed
         loss, _ = joint_flow_matching_loss(model.transformer, ctx, x0, a0, s, ev, ea, cfg.action_weight, sa)
         total = loss
