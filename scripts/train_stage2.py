@@ -403,7 +403,8 @@ def _train_round(args, config, rnd: int, data: Path, ckpt: Path, state: RoundSta
                 _log(f"round {rnd}: view grounding at {label}: named object in view told right in "
                      f"{ov['visible_accuracy']:.1%} own / {ov['visible_accuracy_swapped']:.1%} another's instruction "
                      f"(majority {ov['base_rate']:.1%}); its bearing off by {ov['bearing_error_deg']:.1f} / "
-                     f"{ov['bearing_error_deg_swapped']:.1f} deg")  # fmt: skip
+                     f"{ov['bearing_error_deg_swapped']:.1f} deg, its distance by {ov['distance_error_m']:.2f} / "
+                     f"{ov['distance_error_m_swapped']:.2f} m")  # fmt: skip
     else:  # resumed: the earlier rounds' rows were encoded by older encoders; describe them with this round's
         sft.refresh_features(model, train_all, train_encoders)
         sft.refresh_features(model, heldout, train_encoders)

@@ -152,9 +152,14 @@ def test_goal_object_bearing_is_optional_and_checked(tmp_path):
     doc["queries"][0]["goal_object_bearing"] = None  # recorded: not in view
     _write(tmp_path, doc)
     assert math.isnan(parse_episode(tmp_path, "e1").queries[0].goal_object_bearing)
-    for bad in (4.0, "left", True):
-        doc["queries"][0]["goal_object_bearing"] = bad
+    doc["queries"][0]["goal_object_distance"] = 1.5
+    _write(tmp_path, doc)
+    assert parse_episode(tmp_path, "e1").queries[0].goal_object_distance == 1.5
+    for key, bad in (("goal_object_bearing", 4.0), ("goal_object_bearing", "left"), ("goal_object_bearing", True),
+                     ("goal_object_distance", -0.5)):  # fmt: skip
+        doc["queries"][0][key] = bad
         _write(tmp_path, doc)
         ep = parse_episode(tmp_path, "e1")
         ((_, err),) = ep.rejected_queries
-        assert err.reason == "invalid_record" and "goal_object_bearing" in str(err)
+        assert err.reason == "invalid_record" and key in str(err)
+        doc["queries"][0][key] = 0.25

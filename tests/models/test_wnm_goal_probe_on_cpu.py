@@ -146,19 +146,19 @@ def test_goal_head_rows_at_pure_noise():
 
 
 def test_object_view_target_by_hand():
-    np.testing.assert_allclose(object_view_target(math.nan), [0.0, 1.0, 0.0])
-    np.testing.assert_allclose(object_view_target(math.pi / 6), [1.0, math.sqrt(3) / 2, 0.5], rtol=1e-6)
+    np.testing.assert_allclose(object_view_target(math.nan, math.nan), [0.0, 1.0, 0.0, 0.0])
+    np.testing.assert_allclose(object_view_target(math.pi / 6, 2.0), [1.0, math.sqrt(3) / 2, 0.5, 2.0 / 4.0], rtol=1e-6)
 
 
 def test_object_view_loss_by_hand():
     probe = ObjectViewProbe(4)
-    pred = torch.tensor([[0.0, 1.0, 0.0], [2.0, 0.0, 1.0]])
+    pred = torch.tensor([[0.0, 1.0, 0.0, 0.9], [2.0, 0.0, 1.0, 0.5]])
     probe.predict = lambda: pred  # what the head said; the loss is checked by hand below
-    target = torch.tensor([[0.0, 1.0, 0.0], [1.0, 0.6, 0.8]])
-    # BCE: row 0 logit 0 vs 0 -> ln 2; row 1 logit 2 vs 1 -> ln(1 + e^-2); mean of the two. Bearing term only on
-    # the visible row 1: (0 - 0.6)^2 + (1 - 0.8)^2 = 0.40, over one visible row.
+    target = torch.tensor([[0.0, 1.0, 0.0, 0.0], [1.0, 0.6, 0.8, 0.2]])
+    # BCE: row 0 logit 0 vs 0 -> ln 2; row 1 logit 2 vs 1 -> ln(1 + e^-2); mean of the two. Bearing and distance
+    # terms only on the visible row 1: (0 - 0.6)^2 + (1 - 0.8)^2 + (0.5 - 0.2)^2 = 0.49, over one visible row.
     bce = (math.log(2.0) + math.log1p(math.exp(-2.0))) / 2
-    assert probe.loss(target).item() == pytest.approx(bce + 0.40, rel=1e-6)
+    assert probe.loss(target).item() == pytest.approx(bce + 0.49, rel=1e-6)
 
 
 def test_sft_with_view_loss_learns_the_named_object():
@@ -166,11 +166,11 @@ def test_sft_with_view_loss_learns_the_named_object():
     # Instruction j names an object that is out of view (j = 0) or drawn at -0.4 / +0.4 rad (j = 1, 2).
     views = {0: math.nan, 1: -0.4, 2: 0.4}
     for e in examples:
-        e.goal_view = object_view_target(views[int(e.instructions[0].split()[-1])])
+        e.goal_view = object_view_target(views[int(e.instructions[0].split()[-1])], 1.0)
     torch.manual_seed(0)
     model = WNMModel(cfg)
     rows = sft.encode_examples(model, examples, progress=False, calibrate=True, fit_normalization=True)
-    assert rows.goal_view.shape == (12, 3)
+    assert rows.goal_view.shape == (12, 4)
     c = sft.SFTConfig(steps=60, batch_size=6, lr=1e-3, eval_every=60, eval_rows=6, view_aux_weight=1.0,
                       train_encoders=("text_encoder",))  # fmt: skip
     res = sft.train_sft(model, rows, rows, c, progress=False)

@@ -7,7 +7,7 @@ import pytest
 
 from verl_omni.sim.floorplan import FURNITURE_BASE, WALL, FloorPlan, Furniture, Room
 from verl_omni.sim.planner import ExpertPlanner
-from verl_omni.sim.search_expert import object_bearings, search_continuation, seen_in_history
+from verl_omni.sim.search_expert import object_bearings, object_sightings, search_continuation, seen_in_history
 
 RES = 0.05
 
@@ -31,6 +31,11 @@ def test_object_bearings_by_hand():
     assert b[2] == pytest.approx(math.pi / 6, abs=0.03)  # turned 30 degrees right: the table is 30 degrees left
     assert seen_in_history(plan, np.concatenate([poses[1:2]] * 5 + [poses[:1]]), 5, 0, 33)
     assert not seen_in_history(plan, np.concatenate([poses[1:2]] * 6), 5, 0, 33)
+    # Distance: the table's near face is at x = 2.8, 0.9 m ahead of the robot at x = 1.9 (the nearest column is
+    # within a degree of straight ahead); from 0.5 m further back, 1.4 m. Not drawn: NaN.
+    _, reach = object_sightings(plan, np.array([[1.9, 2.5, 0.0], [1.4, 2.5, 0.0], [1.9, 2.5, math.pi]]), 0)
+    assert reach[0] == pytest.approx(0.9, abs=0.01) and reach[1] == pytest.approx(1.4, abs=0.01)
+    assert math.isnan(reach[2])
 
 
 def test_unseen_goal_turns_left_until_in_view_then_plans():

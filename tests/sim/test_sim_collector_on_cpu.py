@@ -65,8 +65,9 @@ def test_records_follow_the_contract(scene):
             assert set(q["events"]) <= set(EVENT_NAMES)
             assert count_frames(ep / q["reference_video"]) == 33
             # Where the goal object is drawn in the query's own frame: null or inside the 90-degree view.
-            bearing = q["goal_object_bearing"]
+            bearing, reach = q["goal_object_bearing"], q["goal_object_distance"]
             assert bearing is None or abs(bearing) <= np.radians(cfg.collector.camera.fov_deg) / 2
+            assert (bearing is None) == (reach is None) and (reach is None or reach >= 0)
         n_queries += len(ts)
         # The stored video shows what the renderer draws at the recorded poses.
         frames = read_frames(ep / rec["video"], [0, len(poses) - 1])

@@ -138,6 +138,8 @@ class QueryRecord:
         goal_object_bearing: Optional: bearing (radians, robot frame, left positive) at which the goal object is
             drawn in the frame at ``t``; NaN when it is not in that view; None when the record does not say
             (the field is optional: older collections lack it).
+        goal_object_distance: Optional, with ``goal_object_bearing``: metres along the view's rays to the goal
+            object's nearest drawn point; NaN when it is not in view, None when not recorded.
     """
 
     t: int
@@ -146,6 +148,7 @@ class QueryRecord:
     reference_video: str
     events: tuple[str, ...]
     goal_object_bearing: float | None = None
+    goal_object_distance: float | None = None
 
 
 @dataclass(frozen=True, eq=False)
@@ -230,19 +233,23 @@ def _parse_query(q, index: int, ep_rel: str, poses: np.ndarray, where: str) -> Q
     # Canonical order (the EVENT_NAMES order, no duplicates) so equal label sets give equal rows.
     ordered = tuple(e for e in EVENT_NAMES if e in events)
     video = _relative_file(ep_rel, q["reference_video"], f"{qw}.reference_video")
-    bearing = None
-    if "goal_object_bearing" in q:  # optional; null = the goal object is not drawn in the frame at t
-        raw = q["goal_object_bearing"]
-        number = isinstance(raw, (int, float)) and not isinstance(raw, bool)
-        if raw is not None and not (number and -math.pi <= raw <= math.pi):
-            raise RecordRejected(
-                "invalid_record", f"{qw}.goal_object_bearing: must be null or radians in [-pi, pi], got {raw!r}"
-            )
-        bearing = math.nan if raw is None else float(raw)
+    bearing = _optional_sighting(q, "goal_object_bearing", -math.pi, math.pi, "radians in [-pi, pi]", qw)
+    distance = _optional_sighting(q, "goal_object_distance", 0.0, math.inf, "metres >= 0", qw)
     return QueryRecord(
         t=t, reference_poses=ref, reference_stop=stop.astype(np.uint8), reference_video=video, events=ordered,
-        goal_object_bearing=bearing,
+        goal_object_bearing=bearing, goal_object_distance=distance,
     )  # fmt: skip
+
+
+def _optional_sighting(q: dict, key: str, low: float, high: float, what: str, qw: str) -> float | None:
+    """An optional per-query number: None when absent, NaN when null (the goal object is not in view)."""
+    if key not in q:
+        return None
+    raw = q[key]
+    number = isinstance(raw, (int, float)) and not isinstance(raw, bool)
+    if raw is not None and not (number and low <= raw <= high):
+        raise RecordRejected("invalid_record", f"{qw}.{key}: must be null or {what}, got {raw!r}")
+    return math.nan if raw is None else float(raw)
 
 
 def parse_episode(root: str | Path, episode_id: str) -> EpisodeRecord:

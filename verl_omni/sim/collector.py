@@ -31,7 +31,7 @@ from verl_omni.sim.floorplan import FloorPlan, FloorPlanConfig, FloorPlanError, 
 from verl_omni.sim.instructions import TEMPLATES, make_instructions
 from verl_omni.sim.planner import ExpertPlanner, PlannerConfig, PlanningError, resample_polyline
 from verl_omni.sim.render import CameraConfig, Renderer
-from verl_omni.sim.search_expert import object_bearings, search_continuation, seen_in_history
+from verl_omni.sim.search_expert import object_sightings, search_continuation, seen_in_history
 
 COLLECTION_FORMAT = "gn0-dagger/1"
 
@@ -392,7 +392,8 @@ def label_episode(
     reachable = planner.reachable(poses[times, :2])
     # Where the named object is drawn in each query's current frame: the target of the Stage-II view-grounding
     # head (models.wnm.goal_probe.ObjectViewProbe), computed here because only the simulator knows the scene.
-    in_view = dict(zip(times, object_bearings(plan, poses[times], obj_index, cfg.camera), strict=True))
+    bearing, reach = object_sightings(plan, poses[times], obj_index, cfg.camera)
+    in_view = {t: (b, d) for t, b, d in zip(times, bearing, reach, strict=True)}
     for t in (t for t, ok in zip(times, reachable, strict=True) if ok):
         if cfg.label_expert == "search":
             seen = seen_in_history(plan, poses, t, obj_index, cfg.history_frames, cfg.camera)
@@ -409,7 +410,8 @@ def label_episode(
                 "reference_stop": [int(v) for v in ref_stop],
                 "reference_video": name,
                 "events": events,
-                "goal_object_bearing": None if math.isnan(in_view[t]) else float(in_view[t]),
+                "goal_object_bearing": None if math.isnan(in_view[t][0]) else float(in_view[t][0]),
+                "goal_object_distance": None if math.isnan(in_view[t][1]) else float(in_view[t][1]),
             }
         )
     record = {

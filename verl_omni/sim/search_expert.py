@@ -27,16 +27,27 @@ LABEL_EXPERTS = ("map", "search")
 
 def object_bearings(plan, poses: np.ndarray, furniture_index: int, camera: CameraConfig | None = None) -> np.ndarray:
     """Bearing of a furniture piece in each pose's view: ``float64 [P]`` radians (robot frame, left positive),
-    NaN where it is not drawn.
+    NaN where it is not drawn (the first output of :func:`object_sightings`)."""
+    return object_sightings(plan, poses, furniture_index, camera)[0]
+
+
+def object_sightings(
+    plan, poses: np.ndarray, furniture_index: int, camera: CameraConfig | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+    """Where a furniture piece is drawn in each pose's view: bearing and distance, NaN where it is not drawn.
 
     A column sees the piece when its first furniture hit is that piece (before any wall); the bearing is the mean
-    angle of those columns, i.e. what an ideal detector of the named object in that view would report.
+    angle of those columns and the distance the shortest of their ray lengths to it, i.e. what an ideal detector
+    of the named object in that view would report.
 
     Args:
         plan: The scene's :class:`~verl_omni.sim.floorplan.FloorPlan`.
         poses: ``[P, 3]`` world poses ``(x, y, yaw)``.
         furniture_index: The object's index in ``plan.furniture``.
         camera: The renderer's camera (default: the collections' default camera).
+
+    Returns:
+        ``bearing float64 [P]`` radians (robot frame, left positive) and ``distance float64 [P]`` metres.
     """
     camera = camera or CameraConfig()
     poses = np.asarray(poses, np.float64).reshape(-1, 3)
@@ -46,8 +57,9 @@ def object_bearings(plan, poses: np.ndarray, furniture_index: int, camera: Camer
     hits = cast_rays(plan.material, plan.resolution, plan.origin, xy, angle)
     seen = ((hits.furn_id == furniture_index) & (hits.furn_t < hits.wall_t)).reshape(len(poses), len(offsets))
     count = seen.sum(1)
-    with np.errstate(invalid="ignore"):
-        return np.where(count > 0, (seen * offsets[None]).sum(1) / np.maximum(count, 1), np.nan)
+    bearing = np.where(count > 0, (seen * offsets[None]).sum(1) / np.maximum(count, 1), np.nan)
+    reach = np.where(seen, hits.furn_t.reshape(seen.shape), np.inf).min(1)
+    return bearing, np.where(count > 0, reach, np.nan)
 
 
 def goal_object_in_view(plan, pose: np.ndarray, furniture_index: int, camera: CameraConfig | None = None):

@@ -37,7 +37,7 @@ class EncodedRows:
         views: uint8 ``[N, V, H, W, 3]`` history frames at :func:`condition_view_indices` per example; the
             last one is the current view.
         goal_polar: ``[N, 3]`` goal bearing/distance targets per example (None when an example lacks one).
-        goal_view: ``[N, 3]`` the goal object in the current frame per example (:func:`goal_probe.object_view_target`;
+        goal_view: ``[N, 4]`` the goal object in the current frame per example (:func:`goal_probe.object_view_target`;
             None when an example lacks one).
     """
 

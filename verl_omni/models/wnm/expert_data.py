@@ -32,7 +32,7 @@ class ExpertExample:
         actions: float64 ``[32, 4]`` raw expert actions.
         instructions: Instruction variants of the episode.
         goal_polar: float32 ``[3]`` goal bearing and distance in the robot frame (:func:`goal_probe.goal_polar`).
-        goal_view: float32 ``[3]`` the goal object in the current frame (:func:`goal_probe.object_view_target`);
+        goal_view: float32 ``[4]`` the goal object in the current frame (:func:`goal_probe.object_view_target`);
             None when the record does not say (collections synthesized before the field existed).
     """
 
@@ -70,7 +70,9 @@ def _episode_examples(job: tuple[str, str, int]) -> list[ExpertExample]:
         target = read_frames(root / q.reference_video, list(range(len(q.reference_poses))))
         actions = poses_to_actions(q.reference_poses, q.reference_stop)
         polar = goal_polar(ep.poses[q.t], ep.goal)
-        view = None if q.goal_object_bearing is None else object_view_target(q.goal_object_bearing)
+        view = None
+        if q.goal_object_bearing is not None and q.goal_object_distance is not None:
+            view = object_view_target(q.goal_object_bearing, q.goal_object_distance)
         out.append(ExpertExample(episode_id, history, target, actions, tuple(ep.instructions), polar, view))
     return out
 

@@ -40,12 +40,14 @@ def goal_polar(pose: np.ndarray, goal: np.ndarray) -> np.ndarray:
     return np.array([math.cos(bearing), math.sin(bearing), math.hypot(dx, dy) / DISTANCE_SCALE_M], np.float32)
 
 
-def object_view_target(bearing: float) -> np.ndarray:
-    """``float32 [3]``: ``(in view, cos b, sin b)`` of the goal object in the current frame; ``(0, 1, 0)`` when it
-    is not drawn (``bearing`` NaN), the bearing terms are then ignored by :meth:`ObjectViewProbe.loss`."""
+def object_view_target(bearing: float, distance: float) -> np.ndarray:
+    """``float32 [4]``: ``(in view, cos b, sin b, d / DISTANCE_SCALE_M)`` of the goal object in the current frame
+    (``d``: metres to its nearest drawn point); ``(0, 1, 0, 0)`` when it is not drawn (``bearing`` NaN), the other
+    terms are then ignored by :meth:`ObjectViewProbe.loss`. The distance is what tells STOP: the expert stops
+    beside the object."""
     if math.isnan(bearing):
-        return np.array([0.0, 1.0, 0.0], np.float32)
-    return np.array([1.0, math.cos(bearing), math.sin(bearing)], np.float32)
+        return np.array([0.0, 1.0, 0.0, 0.0], np.float32)
+    return np.array([1.0, math.cos(bearing), math.sin(bearing), distance / DISTANCE_SCALE_M], np.float32)
 
 
 class GoalProbe(nn.Module):
@@ -55,9 +57,11 @@ class GoalProbe(nn.Module):
         dim: DiT width D.
     """
 
+    outputs = 3
+
     def __init__(self, dim: int) -> None:
         super().__init__()
-        self.net = nn.Sequential(nn.LayerNorm(dim), nn.Linear(dim, dim), nn.GELU(), nn.Linear(dim, 3))
+        self.net = nn.Sequential(nn.LayerNorm(dim), nn.Linear(dim, dim), nn.GELU(), nn.Linear(dim, self.outputs))
         self._hidden: torch.Tensor | None = None
 
     @contextlib.contextmanager
@@ -100,13 +104,17 @@ class GoalProbe(nn.Module):
 
 
 class ObjectViewProbe(GoalProbe):
-    """Head predicting :func:`object_view_target`: a visibility logit and the object's bearing ``(cos, sin)``."""
+    """Head predicting :func:`object_view_target`: a visibility logit, the object's bearing ``(cos, sin)`` and its
+    scaled distance."""
+
+    outputs = 4
 
     def loss(self, target: torch.Tensor, rows: torch.Tensor | None = None) -> torch.Tensor:
-        """Binary cross-entropy of visibility plus the squared bearing error on the rows where the object is drawn.
+        """Binary cross-entropy of visibility plus the squared bearing and distance errors on the rows where the
+        object is drawn.
 
         Args:
-            target: ``[B, 3]`` :func:`object_view_target` targets.
+            target: ``[B, 4]`` :func:`object_view_target` targets.
             rows: Unused (every row's current view answers the question); kept for the common signature.
         """
         pred = self.predict()

@@ -16,7 +16,7 @@ import torch
 
 from .encoded_rows import EncodedRows, draw_noise, trained_features
 from .flow_matching import joint_flow_matching_loss
-from .goal_probe import GoalProbe, ObjectViewProbe, bearing_error_deg
+from .goal_probe import DISTANCE_SCALE_M, GoalProbe, ObjectViewProbe, bearing_error_deg
 from .model import WNMModel
 
 if TYPE_CHECKING:  # annotations only: the measurements read cfg.eval_rows and cfg.action_weight
@@ -147,8 +147,8 @@ def object_view_gap(
     Returns:
         ``{"visible_accuracy", "visible_accuracy_swapped"`` (share of rows whose visibility logit has the right
         sign) ``, "base_rate"`` (accuracy of always answering the majority class) ``, "bearing_error_deg",
-        "bearing_error_deg_swapped"`` (on rows where the object is drawn; NaN if none) ``, "gap"`` (accuracy own
-        minus swapped)``}``.
+        "bearing_error_deg_swapped", "distance_error_m", "distance_error_m_swapped"`` (mean absolute, on rows where
+        the object is drawn; NaN if none) ``, "gap"`` (accuracy own minus swapped)``}``.
     """
     was_training = model.transformer.training
     model.transformer.eval()
@@ -169,6 +169,8 @@ def object_view_gap(
         out[f"visible_accuracy{key}"] = float(((pred[:, 0] > 0) == visible).float().mean())
         err = bearing_error_deg(pred[visible, 1:], target[visible, 1:])
         out[f"bearing_error_deg{key}"] = float(err.mean()) if visible.any() else math.nan
+        reach = (pred[visible, 3] - target[visible, 3]).abs() * DISTANCE_SCALE_M
+        out[f"distance_error_m{key}"] = float(reach.mean()) if visible.any() else math.nan
     share = float(visible.float().mean())
     out["base_rate"] = max(share, 1.0 - share)
     out["gap"] = out["visible_accuracy"] - out["visible_accuracy_swapped"]
