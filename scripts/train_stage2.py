@@ -96,6 +96,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--eval-scenes", type=int, default=40, help="held-out scenes (default 40)")
     p.add_argument("--eval-episodes", type=int, default=400, help="held-out episodes (default 400)")
     p.add_argument("--eval-seed", type=int, default=1000, help="seed of held-out scenes and episodes (default 1000)")
+    p.add_argument(
+        "--eval-stop-votes",
+        type=int,
+        nargs="+",
+        default=[1],
+        help="also evaluate every checkpoint with these STOP votes per call (WNMPolicy.stop_votes; default 1 only)",
+    )
     p.add_argument("--probe-states", type=int, default=256, help="held-out states of the open-loop probes (256)")
     p.add_argument("--seed", type=int, default=0, help="seed of data, SFT and DAgger draws (default 0)")
     p.add_argument("--device", default="cpu", help="torch device (default cpu)")
@@ -229,6 +236,8 @@ def _check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> No
         args.drive_workers = args.workers
     if args.drive_workers < 1:
         parser.error(f"--drive-workers must be >= 1, got {args.drive_workers}")
+    if min(args.eval_stop_votes) < 1:
+        parser.error(f"--eval-stop-votes must be >= 1, got {args.eval_stop_votes}")
     if args.probe_states < 2:
         parser.error("--probe-states must be >= 2 (the ablations swap inputs between states)")
     for flag in ("beta0", "beta_decay"):
@@ -520,6 +529,11 @@ def main(argv: list[str] | None = None) -> int:
         source = reuse_when_in_process(factory, policy, args.drive_workers)
         evals[ckpt.name] = _evaluate(source, ckpt.name, plans, specs, work / "eval" / f"{ckpt.name}.json",
                                      args.drive_workers, progress)  # fmt: skip
+        for votes in sorted(set(args.eval_stop_votes) - {1}):  # the same episodes and noise, STOP by majority
+            label = f"{ckpt.name}_votes{votes}"
+            voted = functools.partial(WNMPolicy.from_checkpoint, ckpt, device=args.device, name=label, stop_votes=votes)
+            evals[label] = _evaluate(voted, label, plans, specs, work / "eval" / f"{label}.json", args.drive_workers,
+                                     progress)  # fmt: skip
         probes[ckpt.name] = probe_policy(policy, state.probe_examples, state.mean_actions)
         _log(f"probe {ckpt.name}:\n{format_probe_table(probes[ckpt.name])}")
         timings[f"r{rnd}_eval_s"] = time.perf_counter() - t0

@@ -281,3 +281,43 @@ def test_wnm_policy_closed_loop_uses_history_and_episode_noise(walking_wnm):
     # Another episode seed is another noise stream, hence other actions for the same history.
     other = RolloutRequest(sample_id="wnm-ep", stratum=0, branch=0, step=1, seed=12, context_row=0)
     assert not np.allclose(policy.backend.generate([other], ctx, ode=True).actions[0].double().numpy(), replay)
+
+
+def test_vote_stop_by_hand():
+    from verl_omni.sim.wnm_policy import vote_stop
+
+    # 3 samples, 1 query, 3 steps. Stop channels: step 0 stopped by 1 of 3 samples (no), step 1 by 2 of 3 (yes),
+    # step 2 by all. The motion is the first sample's.
+    actions = np.zeros((3, 1, 3, 4))
+    actions[:, 0, :, 0] = [[0.1, 0.2, 0.3], [9.0, 9.0, 9.0], [8.0, 8.0, 8.0]]
+    actions[:, 0, :, 3] = [[0.9, 0.2, 0.7], [0.1, 0.6, 0.8], [0.4, 0.51, 1.0]]
+    out = vote_stop(actions)
+    np.testing.assert_array_equal(out[0, :, 3], [0.0, 1.0, 1.0])
+    np.testing.assert_array_equal(out[0, :, 0], [0.1, 0.2, 0.3])
+    # Two samples that disagree: one half is no majority.
+    np.testing.assert_array_equal(vote_stop(actions[:2])[0, :, 3], [0.0, 0.0, 1.0])
+    np.testing.assert_array_equal(vote_stop(actions[:1]), actions[0])  # one sample: unchanged
+
+
+def test_wnm_policy_stop_votes_sample_more_strata(walking_wnm):
+    from verl_omni.pipelines.wnm_shared import RolloutRequest
+    from verl_omni.sim.closed_loop import PolicyQuery
+    from verl_omni.sim.wnm_policy import WNMPolicy
+
+    policy = walking_wnm
+    plan = empty_room()
+    history = Renderer(plan, CameraConfig(width=32, height=32)).render(np.array([[1.0, 3.0, 0.0]]))
+    history = np.repeat(history[None], 33, axis=1)
+    query = PolicyQuery("ep", 11, 2, "go to the chair", np.zeros(3), np.zeros(2), "empty")
+    single = policy.act(history, [query])
+    voted_policy = WNMPolicy(policy.model, policy.backend.sampler, policy.backend.config, stop_votes=3)
+    voted = voted_policy.act(history, [query])
+    # The motion of vote 0 is the single sample's (batched with the other votes: equal up to float rounding).
+    np.testing.assert_allclose(voted[..., :3], single[..., :3], rtol=0, atol=1e-5)
+    # Independent recomputation of the three votes: strata 0, 1, 2 of the same call.
+    ctx = policy.model.encode_context(torch.from_numpy(history), [query.instruction])
+    reqs = [RolloutRequest(sample_id="ep", stratum=v, branch=0, step=2, seed=11) for v in range(3)]
+    stops = policy.backend.generate(reqs, ctx, ode=True).actions[..., 3].double().numpy() > 0.5  # [3, S]
+    np.testing.assert_array_equal(voted[0, :, 3], (stops.sum(0) >= 2).astype(float))
+    with pytest.raises(ValueError, match="stop_votes"):
+        WNMPolicy(policy.model, stop_votes=0)

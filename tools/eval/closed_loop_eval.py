@@ -87,6 +87,12 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="sample each episode on its own: bit-identical whatever episodes share a call (slower on CPU)",
     )
+    p.add_argument(
+        "--stop-votes",
+        type=positive_int,
+        default=1,
+        help="samples per call voting on each step's STOP flag (WNMPolicy.stop_votes; default 1: one sample)",
+    )
     p.add_argument("--fov-deg", type=float, default=90.0, help="camera field of view (default 90, as synthesized)")
     p.add_argument("--scene-size-m", type=float, nargs=2, default=[8.0, 6.0], metavar=("W", "H"), help="--synthesize")
     p.add_argument("--max-rooms", type=positive_int, default=5, help="rooms per synthesized scene (default 5)")
@@ -236,6 +242,7 @@ def _evaluate(label: str, ckpt: Path, args, plans, specs, loop_cfg):
         shift=args.shift,
         name=label,
         exact=args.exact_batching,
+        stop_votes=args.stop_votes,
     )
     try:
         policy = factory()  # loads here: a bad checkpoint fails before any worker starts
@@ -399,7 +406,7 @@ def main(argv: list[str] | None = None) -> int:
             "min_goal_distance_m": task_cfg.min_goal_distance_m,
             "level": args.level,
             "floorplan": {"size_m": list(floorplan_cfg.size_m), "max_rooms": floorplan_cfg.max_rooms},
-            "sampler": {"mode": "ode", "num_steps": args.num_steps, "shift": args.shift},
+            "sampler": {"mode": "ode", "num_steps": args.num_steps, "shift": args.shift, "stop_votes": args.stop_votes},
             "distance": "geodesic on the occupancy grid (8-connected, un-inflated)",
             "collision_handling": "blocked: translation refused, rotation kept, episode continues"
             if loop_cfg.collision == "block"
