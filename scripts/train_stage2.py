@@ -54,6 +54,11 @@ def build_parser() -> argparse.ArgumentParser:
         default="map",
         help="expert of the labels: map (planner) or search (turn until the named object is seen; default map)",
     )
+    p.add_argument(
+        "--face-goal-object",
+        action="store_true",
+        help="the expert turns toward the named object at the goal before its STOP (CollectorConfig.face_goal_object)",
+    )
     p.add_argument("--rounds", type=int, default=2, help="rounds in all, round 0 included (default 2)")
     p.add_argument("--dagger-scenes", type=int, default=100, help="fresh scenes per DAgger round (default 100)")
     p.add_argument("--beta0", type=float, default=0.5, help="expert share of round 1 (default 0.5)")
@@ -133,6 +138,7 @@ def synthesize_collection(
     level: str,
     goal_variants: int,
     label_expert: str,
+    face_goal_object: bool = False,
     image_size: tuple[int, int] | None = None,
     log=print,
 ) -> None:
@@ -150,6 +156,8 @@ def synthesize_collection(
         "--episodes-per-scene", str(episodes_per_scene), "--seed", str(seed), "--workers", str(workers),
         "--level", level, "--goal-variants", str(goal_variants), "--label-expert", label_expert,
     ]  # fmt: skip
+    if face_goal_object:
+        cmd.append("--face-goal-object")
     if image_size is not None:
         cmd += ["--image-size", *map(str, image_size)]
     log(" ".join(cmd[1:]))
@@ -160,6 +168,7 @@ def _synthesize(args, out: Path) -> None:
     synthesize_collection(
         out, scenes=args.scenes, episodes_per_scene=args.episodes_per_scene, seed=args.seed, workers=args.workers,
         level=args.level, goal_variants=args.goal_variants, label_expert=args.label_expert,
+        face_goal_object=args.face_goal_object,
         image_size=tuple(args.image_size), log=_log,
     )  # fmt: skip
 
@@ -488,7 +497,8 @@ def main(argv: list[str] | None = None) -> int:
                 floorplan=level.floorplan(),
                 collector=CollectorConfig(camera=CameraConfig(width=w, height=h),
                                           min_goal_distance_m=level.min_goal_distance_m,
-                                          label_expert=args.label_expert),
+                                          label_expert=args.label_expert,
+                                          face_goal_object=args.face_goal_object),
             )  # fmt: skip
             tmp = data.with_name(data.name + ".partial")
             tmp_occ = data.with_name(data.name + "_occ.partial")

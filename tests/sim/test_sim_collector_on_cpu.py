@@ -138,3 +138,33 @@ def test_bad_config_names_the_field():
         SynthesisConfig(episodes_per_scene=0)
     with pytest.raises(ValueError, match="robot_radius"):
         SynthesisConfig(floorplan=FloorPlanConfig(robot_radius=0.3))
+
+
+def test_face_goal_object_expert_stops_looking_at_it(tmp_path):
+    from verl_omni.sim.levels import get_level
+    from verl_omni.sim.search_expert import object_sightings
+
+    def stop_views(face: bool) -> list[bool]:
+        root = tmp_path / f"face_{face}"
+        cfg = SynthesisConfig(
+            num_scenes=1, episodes_per_scene=4, floorplan=get_level("one_room").floorplan(),
+            collector=CollectorConfig(camera=CameraConfig(width=32, height=32), face_goal_object=face),
+        )  # fmt: skip
+        (root / "episodes").mkdir(parents=True)
+        synthesize_scene(0, 3, cfg, root / "episodes", root / "occ")
+        plan = FloorPlan.load(root / "occ" / "s0000")
+        seen = []
+        for ep in sorted((root / "episodes").iterdir()):
+            rec = json.loads((ep / "episode.json").read_text())
+            index = next(f.index for f in plan.furniture if f.name == rec["goal_object"]["name"])
+            for q in rec["queries"]:
+                k = int(first_stop_index(np.array(q["reference_stop"])))
+                if k < 32:  # the pose the expert stops at, seen by an independent ray cast
+                    bearing, _ = object_sightings(plan, np.array(q["reference_poses"])[k][None], index)
+                    seen.append(bool(np.isfinite(bearing[0])))
+        return seen
+
+    facing, plain = stop_views(True), stop_views(False)
+    assert len(facing) >= 10 and len(plain) >= 10
+    assert np.mean(facing) >= 0.9  # it turned toward the object's centre (within 15 degrees) before STOP
+    assert np.mean(facing) > np.mean(plain)

@@ -7,7 +7,14 @@ import pytest
 
 from verl_omni.data.actions import poses_to_actions
 from verl_omni.data.occupancy import OccupancyMap
-from verl_omni.sim.planner import ExpertPlanner, PlannerConfig, PlanningError, poses_along, resample_polyline
+from verl_omni.sim.planner import (
+    ExpertPlanner,
+    PlannerConfig,
+    PlanningError,
+    face_turns,
+    poses_along,
+    resample_polyline,
+)
 
 RES = 0.05
 
@@ -77,6 +84,36 @@ def test_continuation_straight_to_goal_hand_counts():
     np.testing.assert_allclose(poses[:7, :2], [[7.0, 1.5]] * 7, atol=1e-9)
     actions = poses_to_actions(poses, stop)
     assert np.abs(actions[:, 2]).max() <= math.pi / 6 + 1e-9
+
+
+def test_continuation_faces_a_point_before_the_stop():
+    occ = _open_room()
+    planner = ExpertPlanner(occ, np.array([9.0, 1.5]))
+    # Arriving heading +x with the object straight to the left (90 degrees): 3 turns of 30 degrees at the goal,
+    # then STOP from step 8 + 3 = 11 on, facing +y.
+    poses, stop = planner.continuation(np.array([7.0, 1.5, 0.0]), horizon=32, face_xy=np.array([9.0, 2.5]))
+    assert int(np.argmax(stop)) == 11 and stop[11:].all() and not stop[:11].any()
+    np.testing.assert_allclose(poses[9:12, :2], [[9.0, 1.5]] * 3, atol=1e-9)
+    np.testing.assert_allclose(poses[8:12, 2], np.radians([0, 30, 60, 90]), atol=1e-9)
+    np.testing.assert_allclose(poses[11:], np.repeat(poses[11:12], 22, axis=0))
+    # An object 10 degrees off the final heading is within half a turn step: no turn, STOP as without facing.
+    ahead = np.array([9.0 + math.cos(math.radians(10)), 1.5 + math.sin(math.radians(10))])
+    _, stop = planner.continuation(np.array([7.0, 1.5, 0.0]), horizon=32, face_xy=ahead)
+    assert int(np.argmax(stop)) == 8
+    # Already at the goal, facing away (180 degrees): 6 turns, then STOP.
+    _, stop = planner.continuation(np.array([9.0, 1.5, math.pi]), horizon=32, face_xy=np.array([10.0, 1.5]))
+    assert int(np.argmax(stop)) == 6
+    # The turns are cut at the horizon like any other step: no STOP inside a 9-step chunk that needs 11.
+    poses, stop = planner.continuation(np.array([7.0, 1.5, 0.0]), horizon=9, face_xy=np.array([9.0, 2.5]))
+    assert poses.shape == (10, 3) and not stop.any()
+
+
+def test_face_turns_by_hand():
+    point = np.array([math.cos(math.radians(-130)), math.sin(math.radians(-130))])
+    turns = face_turns(np.array([0.0, 0.0, 0.0]), point, math.pi / 6)
+    # The point is at -130 degrees: turns of -30 until within 15 degrees: -30, -60, -90, -120 (10 off).
+    np.testing.assert_allclose(turns[:, 2], np.radians([-30, -60, -90, -120]), atol=1e-9)
+    assert face_turns(np.array([0.0, 0.0, 0.0]), np.array([1.0, 0.1]), math.pi / 6).shape == (0, 3)
 
 
 def test_continuation_truncates_long_paths_and_stops_at_goal():

@@ -101,3 +101,12 @@ def test_search_expert_labels_turn_in_place_where_they_differ_from_the_map_exper
         p = refs[key]["search"]
         assert np.allclose(p[1, :2], p[0, :2]), key
         assert math.isclose(math.remainder(p[1, 2] - p[0, 2], 2 * math.pi), math.pi / 6, abs_tol=1e-9), key
+
+
+def test_face_goal_object_flag_reaches_the_collection(tool, tmp_path):
+    out = tmp_path / "face"
+    args = ["--num-scenes", "1", "--episodes-per-scene", "1", "--level", "one_room", "--seed", "1"]
+    assert tool.main(["--output-dir", str(out), "--occupancy-dir", str(tmp_path / "face_occ"), *args,
+                      "--face-goal-object"]) == 0  # fmt: skip
+    info = json.loads((out / "collection.json").read_text())
+    assert info["face_goal_object"] is True and info["label_expert"] == "map"

@@ -36,6 +36,11 @@ def build_parser() -> argparse.ArgumentParser:
         default="map",
         help="expert of the labels: map (planner) or search (turn until the named object is seen; default map)",
     )
+    p.add_argument(
+        "--face-goal-object",
+        action="store_true",
+        help="the expert turns toward the named object at the goal before its STOP (CollectorConfig.face_goal_object)",
+    )
     p.add_argument("--output-dir", required=True, type=Path, help="collection folder (must be absent or empty)")
     p.add_argument("--occupancy-dir", required=True, type=Path, help="occupancy scenes folder (absent or empty)")
     p.add_argument("--level", default="house", help="task level: one_room, two_rooms, house (default house)")
@@ -95,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
     h, w = loaded.image_size
     learner = reuse_when_in_process(learner, loaded, args.drive_workers)
     collector = CollectorConfig(camera=CameraConfig(width=w, height=h), min_goal_distance_m=level.min_goal_distance_m,
-                                label_expert=args.label_expert)  # fmt: skip
+                                label_expert=args.label_expert, face_goal_object=args.face_goal_object)  # fmt: skip
     cfg = SynthesisConfig(
         num_scenes=args.num_scenes,
         episodes_per_scene=args.episodes_per_scene,

@@ -57,6 +57,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="who labels the query states: map = the planner from the first step; search = turn in place until the "
         "named object has been seen in the history window, then plan (labels the policy can imitate; default map)",
     )
+    p.add_argument(
+        "--face-goal-object",
+        action="store_true",
+        help="the expert turns toward the named object at the goal before its STOP (CollectorConfig.face_goal_object)",
+    )
     p.add_argument("--seed", type=int, default=0, help="collection seed (default 0)")
     p.add_argument("--workers", type=int, default=1, help="worker processes (default 1)")
     p.add_argument("--fps", type=int, default=4, help="video frame rate (default 4)")
@@ -86,12 +91,15 @@ def make_config(args: argparse.Namespace) -> SynthesisConfig:
         level = get_level(args.level)
         floorplan = level.floorplan(resolution=args.resolution)
         collector = CollectorConfig(fps=args.fps, camera=camera, min_goal_distance_m=level.min_goal_distance_m,
-                                    label_expert=args.label_expert)  # fmt: skip
+                                    label_expert=args.label_expert,
+                                    face_goal_object=args.face_goal_object)  # fmt: skip
     else:
         floorplan = FloorPlanConfig(
             size_m=tuple(args.scene_size_m), max_rooms=args.max_rooms, resolution=args.resolution
         )
-        collector = CollectorConfig(fps=args.fps, camera=camera, label_expert=args.label_expert)
+        collector = CollectorConfig(
+            fps=args.fps, camera=camera, label_expert=args.label_expert, face_goal_object=args.face_goal_object
+        )
     return SynthesisConfig(
         num_scenes=args.num_scenes,
         episodes_per_scene=args.episodes_per_scene,

@@ -121,6 +121,20 @@ def poses_along(points: np.ndarray, start_yaw: float, max_turn: float) -> np.nda
     return np.asarray(out, np.float64)
 
 
+def face_turns(pose: np.ndarray, face_xy: np.ndarray, max_turn: float) -> np.ndarray:
+    """In-place turns from ``pose`` toward ``face_xy``: ``[T, 3]`` poses after each step (``T = 0`` when the point
+    is already within ``max_turn / 2`` of straight ahead); each step turns at most ``max_turn``."""
+    pose = np.asarray(pose, np.float64).reshape(3)
+    target = math.atan2(float(face_xy[1] - pose[1]), float(face_xy[0] - pose[0]))
+    out, yaw = [], float(pose[2])
+    err = float(wrap_angle(target - yaw))
+    while abs(err) > max_turn / 2:
+        yaw = float(wrap_angle(yaw + np.clip(err, -max_turn, max_turn)))
+        out.append((pose[0], pose[1], yaw))
+        err = float(wrap_angle(target - yaw))
+    return np.asarray(out, np.float64).reshape(-1, 3)
+
+
 def merge_turns(poses: np.ndarray, max_turn: float) -> np.ndarray:
     """Folds an in-place rotation into the preceding straight move when it fits in one turn.
 
@@ -279,18 +293,24 @@ class ExpertPlanner:
             i = j
         return pts[out]
 
-    def continuation(self, start_pose: np.ndarray, horizon: int = 32) -> tuple[np.ndarray, np.ndarray]:
+    def continuation(
+        self, start_pose: np.ndarray, horizon: int = 32, face_xy: np.ndarray | None = None
+    ) -> tuple[np.ndarray, np.ndarray]:
         """Expert reference from a pose: ``horizon`` steps of poses and stop flags.
 
         Args:
             start_pose: ``[3]`` current pose.
             horizon: Number of action steps.
+            face_xy: Optional ``[2]`` point to face before the STOP: at the goal the expert turns in place (steps
+                of at most ``max_turn_rad``) until the point is within half a turn step of straight ahead.
 
         Returns:
             ``poses [horizon + 1, 3]`` (entry 0 is ``start_pose``) and ``stop int64 [horizon]``. After the
             expert stops, poses repeat the final pose and stop flags stay 1 (``docs/contracts.md``).
         """
         poses = self.trajectory(start_pose, max_steps=horizon)
+        if face_xy is not None and float(self.distance(poses[-1, :2])) <= self.cfg.stop_distance + 1e-9:
+            poses = np.concatenate([poses, face_turns(poses[-1], face_xy, self.cfg.max_turn_rad)])[: horizon + 1]
         moves = len(poses) - 1
         out = np.repeat(poses[-1:], horizon + 1, axis=0)
         out[: moves + 1] = poses

@@ -83,6 +83,7 @@ def search_continuation(
     seen: bool,
     horizon: int,
     camera: CameraConfig | None = None,
+    face_xy: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """The search expert's reference from a pose, in the layout of :meth:`ExpertPlanner.continuation`.
 
@@ -94,6 +95,7 @@ def search_continuation(
         seen: The object was drawn in the history window (:func:`seen_in_history`): plan at once.
         horizon: Action steps.
         camera: The renderer's camera.
+        face_xy: Passed to :meth:`ExpertPlanner.continuation` (face the object before the STOP).
 
     Returns:
         ``poses [horizon + 1, 3]`` and ``stop int64 [horizon]``. Turning in place comes first while the object is
@@ -102,7 +104,7 @@ def search_continuation(
     """
     start_pose = np.asarray(start_pose, np.float64).reshape(3)
     if seen:
-        return planner.continuation(start_pose, horizon)
+        return planner.continuation(start_pose, horizon, face_xy)
     turn = planner.cfg.max_turn_rad
     full_turn = math.ceil(2 * math.pi / turn - 1e-9)
     pose = start_pose.copy()
@@ -116,6 +118,6 @@ def search_continuation(
     steps = len(turning) - 1
     if steps == horizon:
         return np.stack(turning), np.zeros(horizon, np.int64)
-    rest_poses, rest_stop = planner.continuation(turning[-1], horizon - steps)
+    rest_poses, rest_stop = planner.continuation(turning[-1], horizon - steps, face_xy)
     poses = np.concatenate([np.stack(turning[:-1]), rest_poses])
     return poses, np.concatenate([np.zeros(steps, np.int64), rest_stop])
