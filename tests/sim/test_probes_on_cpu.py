@@ -42,4 +42,18 @@ def test_ablations_break_one_input_each():
     with pytest.raises(ValueError):
         _ablate("nothing", hist, instr)
     table = format_probe_table({"full": {"endpoint_chunk_m": 1.0, "endpoint_all_m": 2.0, "heading_chunk_deg": 3.0}})
-    assert "| full | 1.000 | 2.000 | 3.0 |" in table
+    assert "| full | 1.000 | 2.000 | 3.0 | nan | nan |" in table  # results saved before the STOP columns existed
+
+
+def test_early_and_missed_stop_in_the_first_chunk():
+    def stopping_at(k):
+        a = np.zeros((1, 32, 4))
+        a[0, k:, 3] = 1.0
+        return a
+
+    # Four states: policy STOP at step 3 / 20 / 5 / 30, expert STOP at 12 / 6 / 2 / 31.
+    policy = np.concatenate([stopping_at(3), stopping_at(20), stopping_at(5), stopping_at(30)])
+    expert = np.concatenate([stopping_at(12), stopping_at(6), stopping_at(2), stopping_at(31)])
+    e = open_loop_errors(policy, expert)
+    np.testing.assert_array_equal(e["early_stop_chunk"], [1.0, 0.0, 0.0, 0.0])  # only the first stops too soon
+    np.testing.assert_array_equal(e["missed_stop_chunk"], [0.0, 1.0, 0.0, 0.0])  # the second drives past it

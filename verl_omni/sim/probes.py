@@ -2,7 +2,9 @@
 
 On held-out expert query states the policy samples its 32 actions with the deterministic ODE sampler; the
 actions are integrated from the origin and compared with the expert's continuation: the endpoint error after
-one chunk (8 steps) and after all 32 steps (metres), and the heading error after one chunk (degrees). The
+one chunk (8 steps) and after all 32 steps (metres), the heading error after one chunk (degrees), and how
+often the policy's STOP falls inside the first chunk where the expert's does not (early) and the reverse
+(missed): an early STOP ends a closed-loop episode for good, the measured failure of Stage-II checkpoints. The
 same numbers for the *mean expert action sequence* of the training data are the baseline a policy that
 ignores its inputs would reach. Each ablation breaks one input while keeping the rest:
 
@@ -20,7 +22,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from verl_omni.data.actions import integrate_actions, wrap_angle
+from verl_omni.data.actions import first_stop_index, integrate_actions, wrap_angle
 
 ABLATIONS: tuple[str, ...] = ("full", "shuffled_instruction", "static_history", "shuffled_views")
 
@@ -34,14 +36,19 @@ def open_loop_errors(actions: np.ndarray, expert_actions: np.ndarray, chunk: int
         chunk: Steps of the first chunk.
 
     Returns:
-        ``endpoint_chunk_m``, ``endpoint_all_m`` and ``heading_chunk_deg``, each ``[N]``. Both sequences honour
-        the first-STOP rule (poses freeze at STOP), like execution does.
+        ``endpoint_chunk_m``, ``endpoint_all_m``, ``heading_chunk_deg``, ``early_stop_chunk`` (1 where the policy
+        stops within the first ``chunk`` steps and the expert does not, else 0) and ``missed_stop_chunk`` (the
+        reverse), each ``[N]``. Both sequences honour the first-STOP rule (poses freeze at STOP), like execution.
     """
     actions = np.asarray(actions, np.float64)
     origin = np.zeros((len(actions), 3))
     p = integrate_actions(origin, actions)
     q = integrate_actions(origin, np.asarray(expert_actions, np.float64))
+    stops_here = first_stop_index(actions[..., 3] > 0.5) < chunk
+    expert_stops_here = first_stop_index(np.asarray(expert_actions)[..., 3] > 0.5) < chunk
     return {
+        "early_stop_chunk": (stops_here & ~expert_stops_here).astype(np.float64),
+        "missed_stop_chunk": (~stops_here & expert_stops_here).astype(np.float64),
         "endpoint_chunk_m": np.linalg.norm(p[:, chunk, :2] - q[:, chunk, :2], axis=-1),
         "endpoint_all_m": np.linalg.norm(p[:, -1, :2] - q[:, -1, :2], axis=-1),
         "heading_chunk_deg": np.degrees(np.abs(wrap_angle(p[:, chunk, 2] - q[:, chunk, 2]))),
@@ -106,13 +113,15 @@ def probe_policy(
 def format_probe_table(results: dict[str, dict[str, float]]) -> str:
     """A markdown table of :func:`probe_policy` results."""
     lines = [
-        "| input | endpoint error, 8 steps (m) | endpoint error, 32 steps (m) | heading error, 8 steps (deg) |",
-        "| --- | --- | --- | --- |",
+        "| input | endpoint error, 8 steps (m) | endpoint error, 32 steps (m) | heading error, 8 steps (deg) | "
+        "early STOP, 8 steps | missed STOP, 8 steps |",
+        "| --- | --- | --- | --- | --- | --- |",
     ]
     for name, r in results.items():
         lines.append(
-            f"| {name} | {r['endpoint_chunk_m']:.3f} | {r['endpoint_all_m']:.3f} | {r['heading_chunk_deg']:.1f} |"
+            f"| {name} | {r['endpoint_chunk_m']:.3f} | {r['endpoint_all_m']:.3f} | {r['heading_chunk_deg']:.1f} | "
+            f"{r.get('early_stop_chunk', math.nan):.3f} | {r.get('missed_stop_chunk', math.nan):.3f} |"
             if all(math.isfinite(v) for v in r.values())
-            else f"| {name} | - | - | - |"
+            else f"| {name} | - | - | - | - | - |"
         )
     return "\n".join(lines)
