@@ -44,7 +44,7 @@ def _evaluation_rows(data: EncodedRows, cfg: SFTConfig) -> torch.Tensor:
 
 @torch.no_grad()
 def _paired_contexts(model: WNMModel, data: EncodedRows, cfg: SFTConfig, sigma: float | None):
-    """Chunks of the own-versus-swapped instruction comparison shared by the two gap measurements.
+    """Chunks of the own-versus-swapped instruction comparison shared by the measurements of this module.
 
     Yields, per chunk of up to 16 of :func:`_evaluation_rows`: ``(pos [c], x0, a0, sigma [c], noise_video,
     noise_action, (context_own, context_swapped))``, with the same fixed noise for both contexts; the swapped
