@@ -36,6 +36,7 @@ def test_object_bearings_by_hand():
     _, reach = object_sightings(plan, np.array([[1.9, 2.5, 0.0], [1.4, 2.5, 0.0], [1.9, 2.5, math.pi]]), 0)
     assert reach[0] == pytest.approx(0.9, abs=0.01) and reach[1] == pytest.approx(1.4, abs=0.01)
     assert math.isnan(reach[2])
+    np.testing.assert_allclose(plan.furniture_centre(0), [2.9, 2.5], atol=1e-9)  # the table's centre, by hand
 
 
 def test_unseen_goal_turns_left_until_in_view_then_plans():

@@ -398,7 +398,7 @@ def label_episode(
     # head (models.wnm.goal_probe.ObjectViewProbe), computed here because only the simulator knows the scene.
     bearing, reach = object_sightings(plan, poses[times], obj_index, cfg.camera)
     in_view = {t: (b, d) for t, b, d in zip(times, bearing, reach, strict=True)}
-    face = object_centre(plan, obj_index) if cfg.face_goal_object else None
+    face = plan.furniture_centre(obj_index) if cfg.face_goal_object else None
     for t in (t for t, ok in zip(times, reachable, strict=True) if ok):
         if cfg.label_expert == "search":
             seen = seen_in_history(plan, poses, t, obj_index, cfg.history_frames, cfg.camera)
@@ -436,12 +436,6 @@ def label_episode(
     if policy_info is not None:
         record["behaviour"] = policy_info
     return Episode(record=record, frames=renderer.render(poses) if frames is None else frames, references=references)
-
-
-def object_centre(plan: FloorPlan, index: int) -> np.ndarray:
-    """``[2]`` world centre of a furniture piece's cell rectangle."""
-    r0, r1, c0, c1 = plan.furniture[index].rect
-    return plan.occupancy().grid_to_world((r0 + r1 - 1) / 2, (c0 + c1 - 1) / 2)
 
 
 def write_episode(episode: Episode, episodes_dir: Path, fps: int) -> Path:

@@ -198,6 +198,11 @@ class FloorPlan:
         """``bool [H, W]``: walls and furniture."""
         return self.material != FREE
 
+    def furniture_centre(self, index: int) -> np.ndarray:
+        """``[2]`` world centre of furniture piece ``index``'s cell rectangle."""
+        r0, r1, c0, c1 = self.furniture[index].rect
+        return self.occupancy().grid_to_world((r0 + r1 - 1) / 2, (c0 + c1 - 1) / 2)
+
     def occupancy(self) -> OccupancyMap:
         """The plan as an :class:`OccupancyMap` (built once; its clearance/geodesic caches are shared)."""
         if self._occupancy is None:
