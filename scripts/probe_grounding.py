@@ -56,9 +56,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--scenes", type=int, default=40, help="scenes (default 40)")
     p.add_argument("--episodes-per-scene", type=int, default=4, help="driven episodes per scene (default 4)")
     p.add_argument("--goal-variants", type=int, default=3, help="goals per driven trajectory (default 3)")
-    p.add_argument(
-        "--label-expert", choices=["map", "search"], default="map", help="expert of the labels (default map)"
-    )
+    from verl_omni.sim.label_args import add_label_arguments
+
+    add_label_arguments(p)
     p.add_argument("--heldout-scenes", type=float, default=0.2, help="fraction of scenes held out (default 0.2)")
     p.add_argument("--history-frames", type=int, default=5, help="history frames, 1 + 4k >= 5 (default 5)")
     p.add_argument("--steps", type=int, default=600, help="SFT steps per arm (default 600)")
@@ -83,7 +83,8 @@ def _synthesize(args, out: Path) -> None:
 
     synthesize_collection(
         out, scenes=args.scenes, episodes_per_scene=args.episodes_per_scene, seed=args.seed, workers=args.workers,
-        level=args.level, goal_variants=args.goal_variants, label_expert=args.label_expert, log=_log,
+        level=args.level, goal_variants=args.goal_variants, label_expert=args.label_expert,
+        face_goal_object=args.face_goal_object, log=_log,
     )  # fmt: skip
 
 
@@ -165,6 +166,9 @@ def _copy_rows(rows):
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if not (args.view_aux_weight >= 0 and args.goal_aux_weight >= 0 and args.steps >= 1):
+        parser.error(f"--view-aux-weight and --goal-aux-weight must be >= 0 and --steps >= 1, got "
+                     f"{args.view_aux_weight}, {args.goal_aux_weight}, {args.steps}")  # fmt: skip
     if args.history_frames < 5 or (args.history_frames - 1) % 4:
         parser.error(f"--history-frames must be 1 + 4k >= 5 (the geometry encoder looks at 4 views), got "
                      f"{args.history_frames}")  # fmt: skip

@@ -48,17 +48,9 @@ def build_parser() -> argparse.ArgumentParser:
         default=1,
         help="goals every round-0 trajectory is labelled for (synthesize_gn0_collection.py --goal-variants; default 1)",
     )
-    p.add_argument(
-        "--label-expert",
-        choices=["map", "search"],
-        default="map",
-        help="expert of the labels: map (planner) or search (turn until the named object is seen; default map)",
-    )
-    p.add_argument(
-        "--face-goal-object",
-        action="store_true",
-        help="the expert turns toward the named object at the goal before its STOP (CollectorConfig.face_goal_object)",
-    )
+    from verl_omni.sim.label_args import add_label_arguments
+
+    add_label_arguments(p)
     p.add_argument("--rounds", type=int, default=2, help="rounds in all, round 0 included (default 2)")
     p.add_argument("--dagger-scenes", type=int, default=100, help="fresh scenes per DAgger round (default 100)")
     p.add_argument("--beta0", type=float, default=0.5, help="expert share of round 1 (default 0.5)")
@@ -147,6 +139,8 @@ def synthesize_collection(
     Runs ``tools/data/synthesize_gn0_collection.py`` in a child process (it writes to temporary folders and
     renames them, so a collection that exists is complete). Shared with ``scripts/probe_grounding.py``.
     """
+    from verl_omni.sim.label_args import label_flags
+
     if (out / "collection.json").is_file():
         log(f"reusing {out}")
         return
@@ -154,10 +148,8 @@ def synthesize_collection(
         sys.executable, str(REPO / "tools/data/synthesize_gn0_collection.py"), "--output-dir", str(out),
         "--occupancy-dir", str(out.with_name(out.name + "_occ")), "--num-scenes", str(scenes),
         "--episodes-per-scene", str(episodes_per_scene), "--seed", str(seed), "--workers", str(workers),
-        "--level", level, "--goal-variants", str(goal_variants), "--label-expert", label_expert,
+        "--level", level, "--goal-variants", str(goal_variants), *label_flags(label_expert, face_goal_object),
     ]  # fmt: skip
-    if face_goal_object:
-        cmd.append("--face-goal-object")
     if image_size is not None:
         cmd += ["--image-size", *map(str, image_size)]
     log(" ".join(cmd[1:]))
@@ -443,6 +435,7 @@ def main(argv: list[str] | None = None) -> int:
     from verl_omni.sim.collector import CollectorConfig, SynthesisConfig
     from verl_omni.sim.dagger import collect_dagger_round, dagger_collection_meta, write_collection_meta
     from verl_omni.sim.heldout import sample_episode_specs, synthesize_heldout_scenes
+    from verl_omni.sim.label_args import label_fields
     from verl_omni.sim.levels import get_level
     from verl_omni.sim.loop_pool import reuse_when_in_process
     from verl_omni.sim.probes import format_probe_table, probe_policy
@@ -497,8 +490,7 @@ def main(argv: list[str] | None = None) -> int:
                 floorplan=level.floorplan(),
                 collector=CollectorConfig(camera=CameraConfig(width=w, height=h),
                                           min_goal_distance_m=level.min_goal_distance_m,
-                                          label_expert=args.label_expert,
-                                          face_goal_object=args.face_goal_object),
+                                          **label_fields(args)),
             )  # fmt: skip
             tmp = data.with_name(data.name + ".partial")
             tmp_occ = data.with_name(data.name + "_occ.partial")

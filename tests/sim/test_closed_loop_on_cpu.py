@@ -299,25 +299,33 @@ def test_vote_stop_by_hand():
     np.testing.assert_array_equal(vote_stop(actions[:1]), actions[0])  # one sample: unchanged
 
 
-def test_wnm_policy_stop_votes_sample_more_strata(walking_wnm):
-    from verl_omni.pipelines.wnm_shared import RolloutRequest
+def test_wnm_policy_stop_votes_sample_more_strata():
+    from verl_omni.data.actions import ActionNormalization
+    from verl_omni.models.wnm import WNMConfig, WNMModel
+    from verl_omni.pipelines.wnm_shared import NativeBackendConfig, RolloutRequest, SamplerConfig
     from verl_omni.sim.closed_loop import PolicyQuery
     from verl_omni.sim.wnm_policy import WNMPolicy
 
-    policy = walking_wnm
+    # A random tiny model whose stop channel is centred on the 0.5 threshold, so that samples disagree on STOP.
+    torch.manual_seed(0)
+    norm = ActionNormalization(mean=(0.1, 0.0, 0.0, 0.5), std=(0.02, 0.02, 0.05, 1.0))
+    model = WNMModel(WNMConfig.from_size("tiny", variant="wnm_3d", image_size=(32, 32)), norm)
+    sampler, backend = SamplerConfig(num_steps=2, window_size=1), NativeBackendConfig(deterministic=False)
+    policy = WNMPolicy(model, sampler, backend)
     plan = empty_room()
     history = Renderer(plan, CameraConfig(width=32, height=32)).render(np.array([[1.0, 3.0, 0.0]]))
     history = np.repeat(history[None], 33, axis=1)
     query = PolicyQuery("ep", 11, 2, "go to the chair", np.zeros(3), np.zeros(2), "empty")
     single = policy.act(history, [query])
-    voted_policy = WNMPolicy(policy.model, policy.backend.sampler, policy.backend.config, stop_votes=3)
-    voted = voted_policy.act(history, [query])
+    voted = WNMPolicy(model, sampler, backend, stop_votes=3).act(history, [query])
     # The motion of vote 0 is the single sample's (batched with the other votes: equal up to float rounding).
     np.testing.assert_allclose(voted[..., :3], single[..., :3], rtol=0, atol=1e-5)
     # Independent recomputation of the three votes: strata 0, 1, 2 of the same call.
-    ctx = policy.model.encode_context(torch.from_numpy(history), [query.instruction])
+    ctx = model.encode_context(torch.from_numpy(history), [query.instruction])
     reqs = [RolloutRequest(sample_id="ep", stratum=v, branch=0, step=2, seed=11) for v in range(3)]
     stops = policy.backend.generate(reqs, ctx, ode=True).actions[..., 3].double().numpy() > 0.5  # [3, S]
+    assert (stops.any(0) & ~stops.all(0)).any()  # the samples disagree on some steps: the vote decides there
     np.testing.assert_array_equal(voted[0, :, 3], (stops.sum(0) >= 2).astype(float))
+    np.testing.assert_array_equal(single[0, :, 3] > 0.5, stops[0])  # one vote: the first sample's own flags
     with pytest.raises(ValueError, match="stop_votes"):
-        WNMPolicy(policy.model, stop_votes=0)
+        WNMPolicy(model, stop_votes=0)

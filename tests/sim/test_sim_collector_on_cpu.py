@@ -13,16 +13,21 @@ from verl_omni.sim.floorplan import FloorPlan, FloorPlanConfig
 from verl_omni.sim.render import CameraConfig, Renderer
 
 
+def _one_scene(root, seed: int, size: int, level: str | None = None, face: bool = False, **synthesis):
+    """Synthesizes scene 0 of ``seed`` into ``root/episodes`` and ``root/occ``; returns ``(cfg, summary)``."""
+    from verl_omni.sim.levels import get_level
+
+    floorplan = {"floorplan": get_level(level).floorplan()} if level else {}
+    collector = CollectorConfig(camera=CameraConfig(width=size, height=size), face_goal_object=face)
+    cfg = SynthesisConfig(num_scenes=1, collector=collector, **floorplan, **synthesis)
+    (root / "episodes").mkdir(parents=True)
+    return cfg, synthesize_scene(0, seed, cfg, root / "episodes", root / "occ")
+
+
 @pytest.fixture(scope="module")
 def scene(tmp_path_factory):
     root = tmp_path_factory.mktemp("collection")
-    cfg = SynthesisConfig(
-        num_scenes=1,
-        episodes_per_scene=2,
-        collector=CollectorConfig(camera=CameraConfig(width=16, height=16)),
-    )
-    (root / "episodes").mkdir()
-    summary = synthesize_scene(0, 5, cfg, root / "episodes", root / "occ")
+    cfg, summary = _one_scene(root, 5, 16, episodes_per_scene=2)
     return root, cfg, summary
 
 
@@ -78,18 +83,8 @@ def test_records_follow_the_contract(scene):
 
 @pytest.fixture(scope="module")
 def one_room(tmp_path_factory):
-    from verl_omni.sim.levels import get_level
-
     root = tmp_path_factory.mktemp("one_room")
-    cfg = SynthesisConfig(
-        num_scenes=1,
-        episodes_per_scene=4,
-        floorplan=get_level("one_room").floorplan(),
-        collector=CollectorConfig(camera=CameraConfig(width=32, height=32)),
-        goal_variants=3,
-    )
-    (root / "episodes").mkdir()
-    synthesize_scene(0, 3, cfg, root / "episodes", root / "occ")
+    _one_scene(root, 3, 32, "one_room", episodes_per_scene=4, goal_variants=3)
     return root
 
 
@@ -141,17 +136,11 @@ def test_bad_config_names_the_field():
 
 
 def test_face_goal_object_expert_stops_looking_at_it(tmp_path):
-    from verl_omni.sim.levels import get_level
     from verl_omni.sim.search_expert import object_sightings
 
     def stop_views(face: bool) -> list[bool]:
         root = tmp_path / f"face_{face}"
-        cfg = SynthesisConfig(
-            num_scenes=1, episodes_per_scene=4, floorplan=get_level("one_room").floorplan(),
-            collector=CollectorConfig(camera=CameraConfig(width=32, height=32), face_goal_object=face),
-        )  # fmt: skip
-        (root / "episodes").mkdir(parents=True)
-        synthesize_scene(0, 3, cfg, root / "episodes", root / "occ")
+        _one_scene(root, 3, 32, "one_room", face, episodes_per_scene=4)
         plan = FloorPlan.load(root / "occ" / "s0000")
         seen = []
         for ep in sorted((root / "episodes").iterdir()):

@@ -23,6 +23,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from verl_omni.sim.label_args import add_label_arguments, label_fields
 from verl_omni.sim.parallel import refuse_nonempty_dir
 
 
@@ -30,17 +31,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description="Closed-loop DAgger collection with a WNM checkpoint as behaviour policy.")
     p.add_argument("--policy-checkpoint", required=True, type=Path, help="complete WNM checkpoint (the learner)")
     p.add_argument("--beta", type=float, required=True, help="probability that a policy call follows the expert")
-    p.add_argument(
-        "--label-expert",
-        choices=["map", "search"],
-        default="map",
-        help="expert of the labels: map (planner) or search (turn until the named object is seen; default map)",
-    )
-    p.add_argument(
-        "--face-goal-object",
-        action="store_true",
-        help="the expert turns toward the named object at the goal before its STOP (CollectorConfig.face_goal_object)",
-    )
+    add_label_arguments(p)
     p.add_argument("--output-dir", required=True, type=Path, help="collection folder (must be absent or empty)")
     p.add_argument("--occupancy-dir", required=True, type=Path, help="occupancy scenes folder (absent or empty)")
     p.add_argument("--level", default="house", help="task level: one_room, two_rooms, house (default house)")
@@ -100,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     h, w = loaded.image_size
     learner = reuse_when_in_process(learner, loaded, args.drive_workers)
     collector = CollectorConfig(camera=CameraConfig(width=w, height=h), min_goal_distance_m=level.min_goal_distance_m,
-                                label_expert=args.label_expert, face_goal_object=args.face_goal_object)  # fmt: skip
+                                **label_fields(args))  # fmt: skip
     cfg = SynthesisConfig(
         num_scenes=args.num_scenes,
         episodes_per_scene=args.episodes_per_scene,

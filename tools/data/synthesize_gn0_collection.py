@@ -27,6 +27,7 @@ from pathlib import Path
 from verl_omni.sim.collector import CollectorConfig, SceneError, SynthesisConfig, synthesize_scene_job
 from verl_omni.sim.events import EVENT_NAMES
 from verl_omni.sim.floorplan import FloorPlanConfig, FloorPlanError
+from verl_omni.sim.label_args import add_label_arguments, label_fields
 from verl_omni.sim.parallel import map_jobs, refuse_nonempty_dir
 from verl_omni.sim.planner import PlanningError
 from verl_omni.sim.render import CameraConfig
@@ -50,18 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="goals each driven episode is labelled for: 1 = its own; K also relabels it toward K - 1 other objects "
         "of the scene as extra episodes <id>_g<k>, so the instruction is needed to tell the labels apart (default 1)",
     )
-    p.add_argument(
-        "--label-expert",
-        choices=["map", "search"],
-        default="map",
-        help="who labels the query states: map = the planner from the first step; search = turn in place until the "
-        "named object has been seen in the history window, then plan (labels the policy can imitate; default map)",
-    )
-    p.add_argument(
-        "--face-goal-object",
-        action="store_true",
-        help="the expert turns toward the named object at the goal before its STOP (CollectorConfig.face_goal_object)",
-    )
+    add_label_arguments(p)
     p.add_argument("--seed", type=int, default=0, help="collection seed (default 0)")
     p.add_argument("--workers", type=int, default=1, help="worker processes (default 1)")
     p.add_argument("--fps", type=int, default=4, help="video frame rate (default 4)")
@@ -91,15 +81,12 @@ def make_config(args: argparse.Namespace) -> SynthesisConfig:
         level = get_level(args.level)
         floorplan = level.floorplan(resolution=args.resolution)
         collector = CollectorConfig(fps=args.fps, camera=camera, min_goal_distance_m=level.min_goal_distance_m,
-                                    label_expert=args.label_expert,
-                                    face_goal_object=args.face_goal_object)  # fmt: skip
+                                    **label_fields(args))  # fmt: skip
     else:
         floorplan = FloorPlanConfig(
             size_m=tuple(args.scene_size_m), max_rooms=args.max_rooms, resolution=args.resolution
         )
-        collector = CollectorConfig(
-            fps=args.fps, camera=camera, label_expert=args.label_expert, face_goal_object=args.face_goal_object
-        )
+        collector = CollectorConfig(fps=args.fps, camera=camera, **label_fields(args))
     return SynthesisConfig(
         num_scenes=args.num_scenes,
         episodes_per_scene=args.episodes_per_scene,
