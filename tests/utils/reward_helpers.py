@@ -1,10 +1,15 @@
-"""Shared builders for the reward tests (imported by this folder's test files): hand-built maps and batches."""
+"""Shared builders for the reward tests (imported by this folder's test files): hand-built maps and batches, and
+small GN0 collections synthesized with the user command's code (real query states)."""
+
+import importlib.util
+from pathlib import Path
 
 import numpy as np
 
-from verl_omni.data.occupancy import OccupancyMap
+from verl_omni.data.occupancy import ROBOT_RADIUS_M, OccupancyMap
 from verl_omni.utils.reward_score import RewardBatch, SceneCache, build_reward_set
 
+REPO = Path(__file__).resolve().parents[2]
 RES = 0.1  # metres per cell in every test map: cell (row, col) has its centre at (0.1 col + 0.05, 0.1 row + 0.05)
 
 
@@ -57,5 +62,21 @@ def make_reward_set(maps: dict, rewards: dict, **top):
     cache = SceneCache()
     for scene_id, occ in maps.items():
         cache.add(scene_id, OccupancyMap.from_grid(occ, RES, (0.0, 0.0), scene_id=scene_id))
-    config = {"robot_radius": 0.18, "rewards": rewards, **top}
+    # The evaluator's footprint (0.2 m), so that the hand numbers are those of the recipe's geometry.
+    config = {"robot_radius": ROBOT_RADIUS_M, "rewards": rewards, **top}
     return build_reward_set(config, scene_cache=cache)
+
+
+def synthesize_collection(root: Path, num_scenes: int, episodes_per_scene: int, seed: int = 11) -> tuple[Path, Path]:
+    """Synthesizes a GN0 collection under ``root`` with ``tools/data/synthesize_gn0_collection.py`` (16 px images:
+    the image size does not change the poses) and returns ``(collection_dir, occupancy_dir)``."""
+    spec = importlib.util.spec_from_file_location(
+        "synthesize_gn0_collection", REPO / "tools" / "data" / "synthesize_gn0_collection.py"
+    )
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    collection, occupancy = root / "c", root / "o"
+    args = ["--output-dir", str(collection), "--occupancy-dir", str(occupancy), "--num-scenes", str(num_scenes)]
+    args += ["--episodes-per-scene", str(episodes_per_scene), "--image-size", "16", "--seed", str(seed)]
+    assert tool.main(args) == 0
+    return collection, occupancy

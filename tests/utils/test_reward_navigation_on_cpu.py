@@ -2,9 +2,9 @@
 
 Maps use 0.1 m cells; clearance of a free cell = (distance in cells to the nearest blocked cell centre) * 0.1
 - 0.05 (half a cell); geodesic distance along a free row = 0.1 m per cell (a diagonal cell step 0.1 sqrt 2).
-Robot radius R = 0.18 m, safety clearance S = 0.4 m, so a step ending at clearance c carries risk
-clip((0.4 - c) / 0.22, 0, 1). Progress is credited relative to the reference: nav gains ``progress - missed``,
-``missed`` being what the reference gained over the same active steps.
+Robot radius R = 0.2 m (the evaluator's footprint), safety clearance S = 0.4 m, so a step ending at clearance c
+carries risk clip((0.4 - c) / 0.2, 0, 1). Progress is credited relative to the reference: nav gains
+``progress - missed``, ``missed`` being what the reference gained over the same active steps.
 """
 
 import numpy as np
@@ -78,8 +78,8 @@ def test_path_through_wall_collides_in_the_right_chunk_and_ignores_later_motion(
     np.testing.assert_allclose(out.diagnostics["navigation/missed"], [[0.8, 0.6, -0.1, 0.0]], atol=1e-5)
     assert np.all(out.diagnostics["navigation/forfeit"] == 0)
     assert any("reference pose" in w for w in out.warnings)
-    # Risk: chunk 2 ends at col 26 (risk 0.05 / 0.22), chunk 3's only scored step ends at col 27 (0.15 / 0.22).
-    risk = np.array([[0.0, (0.05 / 0.22) / 8, (0.15 / 0.22) / 8, 0.0]])
+    # Risk: chunk 2 ends at col 26 (risk 0.05 / 0.2), chunk 3's only scored step ends at col 27 (0.15 / 0.2).
+    risk = np.array([[0.0, (0.05 / 0.2) / 8, (0.15 / 0.2) / 8, 0.0]])
     np.testing.assert_allclose(out.diagnostics["collision/risk"], risk, atol=1e-5)
     expected = -0.5 * risk - 2.0 * np.array([[0, 0, 1, 0]])
     np.testing.assert_allclose(_nav(out), expected, atol=1e-5)
@@ -106,8 +106,8 @@ def test_collision_forfeits_what_the_reference_would_still_gain():
     forfeit = 3.3 - 0.8  # what it gains from pose 7 to pose 32 (column 42)
     # Deviation: pose j + 1 is (j + 1) * 0.1 m from the reference row; excess over 0.3 m for j = 0..6: 0.1 .. 0.4.
     deviation = (0.1 + 0.2 + 0.3 + 0.4) / 8
-    # Risk: poses 6 and 7 (rows 16, 17: clearance 0.35, 0.25) -> (0.05 + 0.15) / 0.22, over the chunk's 8 steps.
-    risk = (0.05 + 0.15) / 0.22 / 8
+    # Risk: poses 6 and 7 (rows 16, 17: clearance 0.35, 0.25) -> (0.05 + 0.15) / 0.2, over the chunk's 8 steps.
+    risk = (0.05 + 0.15) / 0.2 / 8
     np.testing.assert_allclose(out.diagnostics["navigation/forfeit"], [[forfeit, 0, 0, 0]], atol=1e-5)
     nav_1 = (progress - missed - forfeit) - 0.5 * deviation - 0.5 * risk - 2.0
     np.testing.assert_allclose(_nav(out), [[nav_1, 0.0, 0.0, 0.0]], atol=1e-5)
@@ -117,7 +117,7 @@ def test_collision_forfeits_what_the_reference_would_still_gain():
 
 
 def test_grazing_a_wall_gives_soft_penalty_only():
-    # Row 3 is 3 cells from the bottom wall: clearance 0.25 m, between R = 0.18 and S = 0.4: risk 0.15 / 0.22 at
+    # Row 3 is 3 cells from the bottom wall: clearance 0.25 m, between R = 0.2 and S = 0.4: risk 0.15 / 0.2 at
     # every pose, no contact.
     occ = walled_room(11, 60)
     x0, y0 = centre(3, 10)
@@ -128,9 +128,9 @@ def test_grazing_a_wall_gives_soft_penalty_only():
     out = rs.score(batch)
     assert np.all(out.diagnostics["collision/hard"] == 0)
     assert out.diagnostics["geometry/collision_step"][0] == 32
-    np.testing.assert_allclose(out.diagnostics["collision/risk"], np.full((1, 4), 0.15 / 0.22), atol=1e-5)
+    np.testing.assert_allclose(out.diagnostics["collision/risk"], np.full((1, 4), 0.15 / 0.2), atol=1e-5)
     # It follows the reference (relative progress 0), so the soft risk is all that is left.
-    np.testing.assert_allclose(_nav(out), np.full((1, 4), -0.5 * 0.15 / 0.22), atol=1e-5)
+    np.testing.assert_allclose(_nav(out), np.full((1, 4), -0.5 * 0.15 / 0.2), atol=1e-5)
 
 
 def test_deviation_from_reference_is_excess_over_tolerance():

@@ -6,34 +6,27 @@ imitating it badly (it still makes progress and may still arrive), then standing
 episode goes on), then stopping at once (the episode is over and failed); the mean summed reward must agree.
 """
 
-import importlib.util
-from pathlib import Path
-
 import numpy as np
 import pytest
 import yaml
+from reward_helpers import REPO, synthesize_collection
 
 from verl_omni.pipelines.wnm_shared.layers import LAYER_NAMES
 from verl_omni.utils.reward_score import build_reward_set
 from verl_omni.utils.reward_score.ranking import POLICIES, load_query_states, policy_actions, rank_policies
 
-REPO = Path(__file__).resolve().parents[2]
-TOOL = REPO / "tools" / "data" / "synthesize_gn0_collection.py"
 LOCKED = REPO / "recipes" / "wnm_3d" / "stage3" / "config" / "locked.yaml"
 
 
 @pytest.fixture(scope="module")
 def scored(tmp_path_factory):
-    root = tmp_path_factory.mktemp("ranking")
-    spec = importlib.util.spec_from_file_location("synthesize_gn0_collection", TOOL)
-    tool = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(tool)
-    args = ["--output-dir", str(root / "c"), "--occupancy-dir", str(root / "o"), "--num-scenes", "3"]
-    assert tool.main([*args, "--episodes-per-scene", "3", "--image-size", "16", "--seed", "11"]) == 0
+    collection, occupancy = synthesize_collection(
+        tmp_path_factory.mktemp("ranking"), num_scenes=3, episodes_per_scene=3
+    )
     cfg = dict(yaml.safe_load(LOCKED.read_text())["reward"]["reward_set"])
-    cfg["occupancy_root"] = str(root / "o")
+    cfg["occupancy_root"] = str(occupancy)
     reward_set = build_reward_set(cfg)
-    states = load_query_states(root / "c")
+    states = load_query_states(collection)
     return reward_set, states
 
 

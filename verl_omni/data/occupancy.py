@@ -30,6 +30,10 @@ import numpy as np
 FORMAT = "interiorgs-occupancy/1"
 FREE_VALUE, OCCUPIED_VALUE, UNKNOWN_VALUE = 255, 0, 128
 AXES = {"col": "+x", "row": "+y"}
+# The robot's disc footprint (metres), one value for everything that asks whether the robot fits: the expert
+# planner, the event labeller, the closed-loop evaluator and the Stage-III reward. A reward footprint smaller than
+# the evaluator's would let rollouts graze walls the evaluation counts as collisions.
+ROBOT_RADIUS_M = 0.2
 
 
 class OccupancyError(ValueError):
@@ -195,7 +199,15 @@ class OccupancyMap:
         h, w = self.shape
         return (row >= 0) & (row < h) & (col >= 0) & (col < w)
 
-    def _lookup(self, field_: np.ndarray, xy: np.ndarray, outside: float) -> np.ndarray:
+    def lookup(self, field_: np.ndarray, xy: np.ndarray, outside: float) -> np.ndarray:
+        """Nearest-cell value of a ``[H, W]`` field at world points ``xy [..., 2]`` (``outside`` off the map).
+
+        The one lookup rule of every distance read from this map (clearance, geodesic distance), so that the
+        reward and the closed-loop evaluator read a field at a pose identically.
+
+        Returns:
+            ``[...]`` values in the field's dtype.
+        """
         row, col = self.world_to_grid(xy)
         h, w = self.shape
         inside = (row >= 0) & (row < h) & (col >= 0) & (col < w)
@@ -219,7 +231,7 @@ class OccupancyMap:
 
     def clearance_at(self, xy: np.ndarray) -> np.ndarray:
         """Clearance (metres) at world points ``[..., 2]``; 0 outside the map."""
-        return self._lookup(self.clearance_m, xy, 0.0).astype(np.float64)
+        return self.lookup(self.clearance_m, xy, 0.0).astype(np.float64)
 
     def disc_collides(self, xy: np.ndarray, radius: float) -> np.ndarray:
         """``bool [...]``: a disc robot of ``radius`` metres centred at ``xy`` overlaps blocked space."""
@@ -329,7 +341,7 @@ class OccupancyMap:
 
     def geodesic_at(self, goal_xy, xy: np.ndarray) -> np.ndarray:
         """Geodesic distance (metres) to the goal at world points ``[..., 2]``; inf outside or blocked."""
-        return self._lookup(self.geodesic_to(goal_xy), xy, np.inf).astype(np.float64)
+        return self.lookup(self.geodesic_to(goal_xy), xy, np.inf).astype(np.float64)
 
     def num_cached_goals(self) -> int:
         return len(self._geodesic)

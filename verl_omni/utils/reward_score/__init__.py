@@ -2,7 +2,7 @@
 
 Usage::
 
-    reward_set = build_reward_set({"robot_radius": 0.18, "occupancy_root": root,
+    reward_set = build_reward_set({"robot_radius": 0.2, "occupancy_root": root,
                                    "rewards": {"navigation": {}, "collision": {}, "yaw": {}, "stop": {},
                                                "vision": {}, "flow": {"weight": 0.0}}})
     out = reward_set.score(RewardBatch(...))   # out.scores[layer]: float32 [N] for every layer name

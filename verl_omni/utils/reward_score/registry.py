@@ -19,7 +19,7 @@ leaves them out of the advantage statistics and the loss (``verl_omni.trainer.di
 
 Config layout (a plain dict or an OmegaConf mapping)::
 
-    {"robot_radius": 0.18, "collision_samples_per_metre": 50, "max_step_m": 2.0, "stop_threshold": 0.5,
+    {"robot_radius": 0.2, "collision_samples_per_metre": 40, "max_step_m": 2.0, "stop_threshold": 0.5,
      "invalid_penalty": -5.0, "occupancy_root": "/path/or/None", "max_geodesic_fields": 512,
      "rewards": {"navigation": {"weight": 1.0, ...}, "stop": {...}, ...}}
 """

@@ -93,16 +93,3 @@ class SceneCache:
 
     def num_geodesic_fields(self) -> int:
         return sum(1 for v in self._geodesic.values() if not isinstance(v, str))
-
-
-def lookup_field(occupancy: OccupancyMap, field_: np.ndarray, xy: np.ndarray, outside: float) -> np.ndarray:
-    """Nearest-cell lookup of a ``[H, W]`` field at world points ``xy [..., 2]`` (``outside`` off the map).
-
-    Returns:
-        float64 ``[...]`` values.
-    """
-    row, col = occupancy.world_to_grid(xy)
-    h, w = field_.shape
-    inside = (row >= 0) & (row < h) & (col >= 0) & (col < w)
-    vals = field_[np.clip(row, 0, h - 1), np.clip(col, 0, w - 1)].astype(np.float64)
-    return np.where(inside, vals, outside)

@@ -40,7 +40,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from verl_omni.data.actions import ACTION_LAYOUT, first_stop_index, integrate_actions, wrap_angle
-from verl_omni.utils.reward_score.scene_cache import SceneCache, lookup_field
+from verl_omni.data.occupancy import ROBOT_RADIUS_M
+from verl_omni.utils.reward_score.scene_cache import SceneCache
 from verl_omni.utils.reward_score.types import EVENT_NAMES, RewardBatch
 
 STEPS = ACTION_LAYOUT.steps
@@ -59,9 +60,8 @@ class GeometryConfig:
         stop_threshold: A decoded stop channel above this value is a STOP.
     """
 
-    # 0.2 m: the closed-loop evaluator's footprint (ClosedLoopConfig), the expert planner's and the event
-    # labeller's; a smaller reward footprint would let rollouts graze walls the evaluator counts as collisions.
-    robot_radius: float = 0.2
+    # The closed-loop evaluator's footprint, the expert planner's and the event labeller's (one constant).
+    robot_radius: float = ROBOT_RADIUS_M
     collision_samples_per_metre: float = 40.0
     max_step_m: float = 2.0
     stop_threshold: float = 0.5
@@ -347,9 +347,12 @@ def compute_geometry(batch: RewardBatch, cache: SceneCache, cfg: GeometryConfig)
                 flag_rows(rows, reason)
                 continue
             occupancy, _ = cache.get(scene_id)
-            geodesic[rows] = lookup_field(occupancy, field_, scored[rows, :, :2], np.inf)
+            # The evaluator's distance: the same field (OccupancyMap.geodesic_to) read by the same nearest-cell
+            # rule (OccupancyMap.lookup) as OccupancyMap.geodesic_at, so that a STOP the reward calls a success
+            # is one the closed-loop evaluator calls a success.
+            geodesic[rows] = occupancy.lookup(field_, scored[rows, :, :2], np.inf)
             ref_xy = np.nan_to_num(batch.reference_poses[rows, :, :2])
-            reference_geodesic[rows] = lookup_field(occupancy, field_, ref_xy, np.inf)
+            reference_geodesic[rows] = occupancy.lookup(field_, ref_xy, np.inf)
     unreachable = still_valid & ~np.isfinite(geodesic[:, 0])
     flag(unreachable, "goal unreachable from the start pose (geodesic distance is inf)")
     valid = np.array([not r for r in reasons], dtype=bool)
