@@ -12,8 +12,10 @@ success radius); a Euclidean test would reward STOPs behind a wall next to the g
 * ``premature = min(premature_scale * G_s, premature_cap)`` when a STOP happens with ``G_s > rho``
   (``premature_cap`` also when ``G_s`` is not finite). Proportional to the remaining geodesic distance,
   so a STOP at 5 rho costs 2.5 times a STOP at 2 rho until the cap. What the expert would still have gained
-  after the STOP is forfeited on the same layer by the ``navigation`` reward, so a premature STOP always
-  scores below standing still (and below continuing like the expert) from the same pose.
+  after the STOP is forfeited on the same layer by the ``navigation`` reward, so on progress a premature STOP
+  scores like standing still from the same pose, below continuing like the expert, and this penalty comes on
+  top. (Standing still can still score lower where it pays for lingering near a wall or for a required STOP it
+  never makes.)
 * ``near_goal = 1`` when a STOP happens with ``G_s > rho`` and the query state carries the
   ``near_goal_continuation`` event (the expert keeps driving near the goal).
 * ``missed = 1`` when the query state carries ``required_stop`` and no STOP happens; credited to the last
