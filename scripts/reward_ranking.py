@@ -1,8 +1,9 @@
 """Prints how the locked reward set ranks scripted behaviours on the query states of a GN0 collection.
 
 The closed-loop evaluator prefers expert > noisy imitator > standing still > stopping at once; this prints the
-mean reward per layer and of the summed layers of each (``verl_omni.utils.reward_score.ranking``), and whether
-the summed reward orders them the same way. Without ``--collection`` it synthesizes the study's collection
+mean reward per layer and of the summed layers of each (``verl_omni.utils.reward_score.ranking``), the evaluator's
+metrics of the same windows (SR, OSR, SPL, premature STOP, collision, path length), and whether the summed reward
+orders them the same way. Without ``--collection`` it synthesizes the study's collection
 (8 scenes x 6 episodes, seed 11: 461 query states) into a temporary folder first (about 20 s on one core);
 the image size does not change the poses, so 16 px keeps that cheap.
 
@@ -52,7 +53,13 @@ def main(argv: list[str] | None = None) -> int:
     import yaml
 
     from verl_omni.utils.reward_score import build_reward_set
-    from verl_omni.utils.reward_score.ranking import POLICIES, format_table, load_query_states, rank_policies
+    from verl_omni.utils.reward_score.ranking import (
+        POLICIES,
+        format_metrics_table,
+        format_table,
+        load_query_states,
+        rank_policies,
+    )
 
     reward_cfg = dict(yaml.safe_load(args.config.read_text())["reward"]["reward_set"])
     with tempfile.TemporaryDirectory(prefix="reward_ranking-") as tmp:
@@ -64,6 +71,8 @@ def main(argv: list[str] | None = None) -> int:
         table = rank_policies(build_reward_set(reward_cfg), states, POLICIES, args.heading_noise_rad, args.noise_seed)
     print(f"{states.size} query states; reward set from {args.config.name}; mean reward per rollout\n")
     print(format_table(table))
+    print("\nThe evaluator's metrics of the same windows (verl_omni.sim.eval_metrics; the window ends at E):\n")
+    print(format_metrics_table(table))
     totals = [table[p]["total"] for p in POLICIES]
     ordered = all(a > b for a, b in zip(totals, totals[1:]))
     print(f"\nsummed reward orders {' > '.join(POLICIES)}: {'yes' if ordered else 'NO'}")

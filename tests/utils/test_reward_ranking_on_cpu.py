@@ -9,11 +9,27 @@ episode goes on), then stopping at once (the episode is over and failed); the me
 import numpy as np
 import pytest
 import yaml
-from reward_helpers import REPO, synthesize_collection
+from reward_helpers import (
+    REPO,
+    centre,
+    make_batch,
+    make_reward_set,
+    straight_actions,
+    synthesize_collection,
+    walled_room,
+)
 
 from verl_omni.pipelines.wnm_shared.layers import LAYER_NAMES
 from verl_omni.utils.reward_score import build_reward_set
-from verl_omni.utils.reward_score.ranking import POLICIES, load_query_states, policy_actions, rank_policies
+from verl_omni.utils.reward_score.ranking import (
+    POLICIES,
+    WINDOW_METRICS,
+    load_query_states,
+    policy_actions,
+    rank_policies,
+    window_metrics,
+)
+from verl_omni.utils.reward_score.trajectory import compute_geometry
 
 LOCKED = REPO / "recipes" / "wnm_3d" / "stage3" / "config" / "locked.yaml"
 
@@ -38,6 +54,13 @@ def test_mean_summed_reward_orders_expert_noisy_still_stop(scored):
         table = rank_policies(reward_set, states, POLICIES, heading_noise_rad=0.25, seed=seed)
         totals = [table[p]["total"] for p in POLICIES]
         assert totals == sorted(totals, reverse=True) and len(set(totals)) == 4, (seed, totals)
+    # The evaluator's metrics of the same windows come beside the reward: the expert arrives more often than its noisy
+    # imitator, standing still neither moves nor stops early, and every STOP at once outside the radius is premature.
+    assert set(WINDOW_METRICS) <= set(table["expert"])
+    assert table["expert"]["SR"] > table["noisy_imitator"]["SR"] and table["expert"]["collided"] < 0.05
+    assert table["stand_still"]["path_length"] == 0 and table["stand_still"]["premature_stop"] == 0
+    stop = table["stop_at_once"]
+    assert stop["path_length"] == 0 and stop["SR"] + stop["premature_stop"] == pytest.approx(1.0)
 
 
 def test_expert_pays_no_guard_for_its_own_motion(scored):
@@ -84,3 +107,37 @@ def _batch(states, actions):
         scene_id=states.scene_id,
         rollout_id=states.query_id,
     )
+
+
+def test_window_metrics_read_a_window_as_the_evaluator_reads_an_episode():
+    # Corridor row 5 of an 11 x 60 room (0.1 m cells), start at column 10, goal at column 42: l = 3.2 m, rho = 0.5.
+    #   0 drives 30 steps of 0.1 m and STOPs at column 40 (G = 0.2): SR 1, OSR 1, p = 3.0,
+    #     SPL = 3.2 / max(3.0, 3.2) = 1.
+    #   1 drives 10 steps and STOPs at column 20 (G = 2.2 > rho): premature, OSR 0, p = 1.0.
+    #   2 stands still and never STOPs: nothing, p = 0.
+    #   3 drives 32 steps without a STOP and ends on the goal (G = 0 at column 42): OSR 1 but SR 0, p = 3.2.
+    #   4 (a second room with a wall in column 30, rows 1..8, open at row 9) drives 32 steps: step 17 (column 27 -> 28,
+    #     clearance 0.15 < R = 0.2) collides, so the window ends at pose 17: collided, p = 1.7.
+    room = walled_room(11, 60)
+    wall = room.copy()
+    wall[1:9, 30] = True
+    rs = make_reward_set({"room": room, "wall": wall}, {"stop": {}})
+    actions = np.concatenate(
+        [
+            straight_actions(30, dx=0.1, stop_at=30),
+            straight_actions(10, dx=0.1, stop_at=10),
+            straight_actions(0),
+            straight_actions(32, dx=0.1),
+            straight_actions(32, dx=0.1),
+        ]
+    )
+    start = (*centre(5, 10), 0.0)
+    batch = make_batch(actions, start, centre(5, 42), scene_id=["room"] * 4 + ["wall"])
+    geometry = compute_geometry(batch, rs.scene_cache, rs.geometry_config)
+    got = window_metrics(geometry, batch.success_radius)
+    np.testing.assert_array_equal(got["SR"], [1, 0, 0, 0, 0])
+    np.testing.assert_array_equal(got["OSR"], [1, 0, 0, 1, 0])
+    np.testing.assert_array_equal(got["premature_stop"], [0, 1, 0, 0, 0])
+    np.testing.assert_array_equal(got["collided"], [0, 0, 0, 0, 1])
+    np.testing.assert_allclose(got["path_length"], [3.0, 1.0, 0.0, 3.2, 1.7], atol=1e-9)
+    np.testing.assert_allclose(got["SPL"], [1.0, 0, 0, 0, 0], atol=1e-6)

@@ -15,6 +15,10 @@ Policies (``POLICIES``), each ``[32, 4]`` actions ``(dx, dy, dyaw, stop)`` from 
   expert's STOP flags are kept;
 * ``stand_still``: zero motion, never STOP;
 * ``stop_at_once``: STOP on the first step.
+
+Beside the reward, :func:`window_metrics` reads each scored 32-step window as a short episode and gives the
+evaluator's own metrics of it (``verl_omni.sim.eval_metrics``: SR, OSR, SPL, premature STOP, collision, path
+length), so that a table shows what each behaviour would be credited with by the judge the reward anticipates.
 """
 
 from __future__ import annotations
@@ -28,10 +32,14 @@ import numpy as np
 
 from verl_omni.data.actions import ACTION_LAYOUT, poses_to_actions
 from verl_omni.pipelines.wnm_shared.layers import LAYER_NAMES
+from verl_omni.sim.eval_metrics import spl
 from verl_omni.utils.reward_score.registry import RewardSet
+from verl_omni.utils.reward_score.trajectory import RolloutGeometry, compute_geometry
 from verl_omni.utils.reward_score.types import RewardBatch
 
 POLICIES: tuple[str, ...] = ("expert", "noisy_imitator", "stand_still", "stop_at_once")
+# The evaluator's episode metrics of a scored window (window_metrics), in table order.
+WINDOW_METRICS: tuple[str, ...] = ("SR", "OSR", "SPL", "premature_stop", "collided", "path_length")
 
 
 @dataclass
@@ -108,9 +116,42 @@ def policy_actions(states: QueryStates, policy: str, heading_noise_rad: float = 
     raise ValueError(f"unknown policy {policy!r}; known: {POLICIES}")
 
 
-def score_policy(reward_set: RewardSet, states: QueryStates, actions: np.ndarray) -> dict[str, np.ndarray]:
-    """Per-layer scores ``{layer: float32 [Q]}`` of ``actions`` at every query state (no video: visual = 0)."""
-    batch = RewardBatch(
+def window_metrics(geometry: RolloutGeometry, success_radius: np.ndarray) -> dict[str, np.ndarray]:
+    """The evaluator's episode metrics of each scored window, read as an episode from the query pose to ``E``.
+
+    As in ``verl_omni.sim.eval_metrics``, with the window's end step ``E`` (STOP or first hard collision) as the
+    episode's end: ``SR`` a STOP within the success radius (geodesic); ``OSR`` some scored pose, the start
+    included, within it; ``SPL`` ``SR * l / max(p, l)`` with ``l`` the geodesic distance at the query pose and
+    ``p`` the ``path_length``, the metres translated over the active steps; ``premature_stop`` a STOP outside the
+    radius; ``collided`` a hard collision.
+
+    Args:
+        geometry: The batch's scored trajectories.
+        success_radius: ``[N]`` metres.
+
+    Returns:
+        ``{name: float64 [N]}`` for every name in :data:`WINDOW_METRICS` (0/1 for the proportions); NaN for
+        invalid rollouts, and SPL is NaN where the window starts in the goal's cell (``l = 0``: no path to weigh).
+    """
+    success = geometry.succeeded(success_radius)
+    step = np.diff(geometry.scored_poses[:, :, :2], axis=1)  # [N, 32, 2]; 0 after E, where the poses freeze
+    path = np.where(geometry.active, np.hypot(step[..., 0], step[..., 1]), 0.0).sum(axis=1)
+    start = geometry.geodesic[:, 0]
+    weighted = [spl(bool(s), float(g), float(p)) if g > 0 else np.nan for s, g, p in zip(success, start, path)]
+    metrics = {
+        "SR": success,
+        "OSR": (geometry.geodesic <= np.asarray(success_radius)[:, None]).any(axis=1),
+        "SPL": np.array(weighted, dtype=np.float64),
+        "premature_stop": geometry.stopped & ~success,
+        "collided": geometry.collided,
+        "path_length": path,
+    }
+    return {k: np.where(geometry.valid, np.asarray(v, dtype=np.float64), np.nan) for k, v in metrics.items()}
+
+
+def query_batch(states: QueryStates, actions: np.ndarray) -> RewardBatch:
+    """The reward batch of ``actions [Q, 32, 4]`` taken from every query state (no video)."""
+    return RewardBatch(
         actions=actions,
         start_pose=states.reference_poses[:, 0],
         reference_poses=states.reference_poses,
@@ -120,7 +161,11 @@ def score_policy(reward_set: RewardSet, states: QueryStates, actions: np.ndarray
         scene_id=states.scene_id,
         rollout_id=states.query_id,
     )
-    out = reward_set.score(batch)
+
+
+def score_policy(reward_set: RewardSet, states: QueryStates, actions: np.ndarray) -> dict[str, np.ndarray]:
+    """Per-layer scores ``{layer: float32 [Q]}`` of ``actions`` at every query state (no video: visual = 0)."""
+    out = reward_set.score(query_batch(states, actions))
     scores = dict(out.scores)
     if "geometry/layer_valid" in out.diagnostics:
         scores["layer_valid"] = out.diagnostics["geometry/layer_valid"]
@@ -134,16 +179,21 @@ def rank_policies(
     heading_noise_rad: float = 0.25,
     seed: int = 0,
 ) -> dict[str, dict[str, float]]:
-    """Mean reward per layer and of the summed layers for each policy.
+    """Mean reward per layer and of the summed layers, and the mean window metrics, for each policy.
 
     Returns:
-        ``{policy: {layer: mean, ..., "total": mean summed reward}}``.
+        ``{policy: {layer: mean, ..., "total": mean summed reward, metric: mean over the valid windows, ...}}``
+        with the metrics of :data:`WINDOW_METRICS`.
     """
     table: dict[str, dict[str, float]] = {}
     for name in policies:
-        scores = score_policy(reward_set, states, policy_actions(states, name, heading_noise_rad, seed))
+        actions = policy_actions(states, name, heading_noise_rad, seed)
+        scores = score_policy(reward_set, states, actions)
         row = {layer: float(np.mean(scores[layer])) for layer in LAYER_NAMES}
         row["total"] = float(np.mean(np.sum([scores[layer] for layer in LAYER_NAMES], axis=0, dtype=np.float64)))
+        geometry = compute_geometry(query_batch(states, actions), reward_set.scene_cache, reward_set.geometry_config)
+        for metric, values in window_metrics(geometry, states.success_radius).items():
+            row[metric] = float(np.nanmean(values)) if np.isfinite(values).any() else float("nan")
         table[name] = row
     return table
 
@@ -154,4 +204,13 @@ def format_table(table: Mapping[str, Mapping[str, float]]) -> str:
     lines = ["| policy | " + " | ".join(cols) + " |", "| --- |" + " --- |" * len(cols)]
     for name, row in table.items():
         lines.append(f"| {name} | " + " | ".join(f"{row[c]:+.3f}" for c in cols) + " |")
+    return "\n".join(lines)
+
+
+def format_metrics_table(table: Mapping[str, Mapping[str, float]]) -> str:
+    """Markdown table: policies as rows, the summed reward then the evaluator's window metrics as columns."""
+    cols = ["total", *WINDOW_METRICS]
+    lines = ["| policy | " + " | ".join(cols) + " |", "| --- |" + " --- |" * len(cols)]
+    for name, row in table.items():
+        lines.append(f"| {name} | {row['total']:+.3f} | " + " | ".join(f"{row[c]:.3f}" for c in WINDOW_METRICS) + " |")
     return "\n".join(lines)
