@@ -46,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    from verl_omni.data.occupancy import OccupancyMap
+    from verl_omni.data.occupancy import ROBOT_RADIUS_M, OccupancyMap
     from verl_omni.utils.reward_score import RewardBatch, SceneCache, build_reward_set
 
     torch.set_num_threads(args.threads)
@@ -58,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
         cache.add(f"scene{s}", OccupancyMap.from_grid(_scene(rng, rows, cols), res, (0.0, 0.0), scene_id=f"scene{s}"))
     reward_set = build_reward_set(
         {
-            "robot_radius": 0.18,
+            "robot_radius": ROBOT_RADIUS_M,  # the evaluator's footprint, as in the locked recipe
             "rewards": {
                 "navigation": {},
                 "collision": {},
