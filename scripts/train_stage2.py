@@ -100,6 +100,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=[1],
         help="also evaluate every checkpoint with these STOP votes per call (WNMPolicy.stop_votes; default 1 only)",
     )
+    p.add_argument(
+        "--eval-stop-gate",
+        action="store_true",
+        help="also evaluate every checkpoint with its STOP gate (models/wnm/stop_gate.py: STOP only where the view "
+        "head sees the named object within the expert's stopping distance), with the largest --eval-stop-votes; "
+        "needs --view-aux-weight > 0",
+    )
     p.add_argument("--probe-states", type=int, default=256, help="held-out states of the open-loop probes (256)")
     p.add_argument("--seed", type=int, default=0, help="seed of data, SFT and DAgger draws (default 0)")
     p.add_argument("--device", default="cpu", help="torch device (default cpu)")
@@ -182,6 +189,14 @@ def _readme(name: str, args, rnd: int, provenance: dict, evaluation: dict | None
         f"- joint flow matching (video + actions), AdamW lr {args.lr}, batch {args.batch_size}, action weight "
         f"{args.action_weight}; steps: {provenance.get('sft_steps_total', '?')} in all; seed {args.seed}; device "
         f"{args.device}.",
+    ]
+    if provenance.get("stop_gate"):
+        lines.append(
+            f"- `stop_gate/`: the view-grounding head, kept as a STOP gate (STOP only where it sees the named object "
+            f"within {provenance['stop_gate']['stop_distance_m']:.2f} m; `WNMPolicy(stop_gate=...)`, "
+            "`closed_loop_eval.py --stop-gate`)."
+        )
+    lines += [
         "",
         "## Evaluation",
     ]
@@ -239,6 +254,8 @@ def _check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> No
         parser.error(f"--drive-workers must be >= 1, got {args.drive_workers}")
     if min(args.eval_stop_votes) < 1:
         parser.error(f"--eval-stop-votes must be >= 1, got {args.eval_stop_votes}")
+    if args.eval_stop_gate and args.view_aux_weight <= 0:
+        parser.error("--eval-stop-gate needs --view-aux-weight > 0 (the gate is the view head)")
     if args.probe_states < 2:
         parser.error("--probe-states must be >= 2 (the ablations swap inputs between states)")
     for flag in ("beta0", "beta_decay"):
@@ -328,6 +345,7 @@ def _train_round(args, config, rnd: int, data: Path, ckpt: Path, state: RoundSta
     """
     from verl_omni.data.gn0 import list_episode_ids
     from verl_omni.models.wnm import WNMModel, load_wnm_checkpoint, save_wnm_checkpoint, sft
+    from verl_omni.models.wnm.stop_gate import StopGate, fit_stop_distance, load_stop_gate
 
     t0 = time.perf_counter()
     state = dataclasses.replace(state)
@@ -374,7 +392,21 @@ def _train_round(args, config, rnd: int, data: Path, ckpt: Path, state: RoundSta
                                 independent_action_noise=args.independent_action_noise,
                                 goal_aux_pure_noise=args.goal_aux_pure_noise,
                                 view_aux_weight=args.view_aux_weight)  # fmt: skip
-        result = sft.train_sft(model, train_all, heldout, cfg_sft, progress)
+        # A DAgger round continues the previous round's view head (the STOP gate) instead of a fresh one.
+        prev_gate = load_stop_gate(ckpt.with_name(f"stage2_r{rnd - 1}"), args.device) if rnd > 0 else None
+        view_head = None if prev_gate is None else prev_gate.head
+        result = sft.train_sft(model, train_all, heldout, cfg_sft, progress, view_head=view_head)
+        gate = None
+        if result["view_head"] is not None:
+            try:
+                distance = fit_stop_distance(train_all.actions.cpu(), train_all.goal_view.cpu())
+            except ValueError as e:  # the checkpoint is still a good policy; it just carries no gate
+                _log(f"round {rnd}: no STOP gate saved: {e}")
+            else:
+                gate = StopGate(result["view_head"].cpu(), distance)
+                _log(f"round {rnd}: STOP gate: the expert stops within {distance:.2f} m of the named object in "
+                     f"{gate.quantile:.0%} of its STOP states with the object in view (STOP within "
+                     f"{gate.within_steps} steps)")  # fmt: skip
         prov = {
             "tool": "scripts/train_stage2.py",
             "round": rnd,
@@ -394,7 +426,11 @@ def _train_round(args, config, rnd: int, data: Path, ckpt: Path, state: RoundSta
             "arguments": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
         }
         model.eval()
-        save_wnm_checkpoint(model.to("cpu"), ckpt, prov, readme=_readme(ckpt.name, args, rnd, prov, None))
+        if gate is not None:
+            prov["stop_gate"] = {"stop_distance_m": gate.stop_distance_m, "quantile": gate.quantile,
+                                 "within_steps": gate.within_steps}  # fmt: skip
+        save_wnm_checkpoint(model.to("cpu"), ckpt, prov, readme=_readme(ckpt.name, args, rnd, prov, None),
+                            stop_gate=gate)  # fmt: skip
         _log(f"round {rnd}: SFT {steps} steps, held-out loss {result['initial_heldout']['loss']:.3f} -> "
              f"{result['final_heldout']['loss']:.3f} (action {result['final_heldout']['action']:.3f}); action loss "
              f"with another episode's instruction {result['instruction_gap']['action_swapped']:.3f} (gap "
@@ -535,6 +571,15 @@ def main(argv: list[str] | None = None) -> int:
             label = f"{ckpt.name}_votes{votes}"
             voted = functools.partial(WNMPolicy.from_checkpoint, ckpt, device=args.device, name=label, stop_votes=votes)
             evals[label] = _evaluate(voted, label, plans, specs, work / "eval" / f"{label}.json", args.drive_workers,
+                                     progress)  # fmt: skip
+        if args.eval_stop_gate and not (ckpt / "stop_gate").is_dir():
+            _log(f"{ckpt.name}: no stop_gate/ (see the round's log above); gated evaluation skipped")
+        elif args.eval_stop_gate:  # the same episodes and noise, STOP only where the view head allows it
+            votes = max(args.eval_stop_votes)
+            label = f"{ckpt.name}_gate" + (f"_votes{votes}" if votes > 1 else "")
+            gated = functools.partial(WNMPolicy.from_checkpoint, ckpt, device=args.device, name=label,
+                                      stop_votes=votes, stop_gate=True)  # fmt: skip
+            evals[label] = _evaluate(gated, label, plans, specs, work / "eval" / f"{label}.json", args.drive_workers,
                                      progress)  # fmt: skip
         probes[ckpt.name] = probe_policy(policy, state.probe_examples, state.mean_actions)
         _log(f"probe {ckpt.name}:\n{format_probe_table(probes[ckpt.name])}")

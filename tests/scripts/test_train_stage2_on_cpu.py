@@ -67,3 +67,32 @@ def test_round_cache_that_cannot_be_used_is_encoded_again(tmp_path, capsys):
     (ckpt / "checkpoint_manifest.json").write_text('{"other": 1}')
     assert ns["_load_round_cache"](cache, ckpt) is None
     assert "belongs to another" in capsys.readouterr().out
+
+
+def test_view_head_is_saved_as_stop_gate_and_evaluated(tmp_path):
+    work = tmp_path / "s2"
+    cmd = [sys.executable, str(REPO / "scripts/train_stage2.py"), "--workdir", str(work), "--level", "one_room",
+           "--scenes", "4", "--episodes-per-scene", "1", "--rounds", "1", "--sft-steps", "2", "--batch-size", "2",
+           "--eval-scenes", "1", "--eval-episodes", "2", "--probe-states", "4", "--workers", "1", "--no-progress",
+           "--skip-baselines", "--view-aux-weight", "1", "--face-goal-object", "--eval-stop-gate",
+           "--eval-stop-votes", "1", "2"]  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    ckpt = work / "ckpt" / "stage2_r0"
+    manifest = json.loads((ckpt / "checkpoint_manifest.json").read_text())
+    assert "stop_gate/model.safetensors" in manifest["files"]
+    gate = manifest["provenance"]["stop_gate"]
+    # The expert faces the object before STOP, so its STOP states see it: the distance is a real one (in metres).
+    assert 0.0 < gate["stop_distance_m"] < 4.0 and gate["quantile"] == 0.9 and gate["within_steps"] == 8
+    assert "stop_gate/" in (ckpt / "README.md").read_text()
+    summary = json.loads((work / "summary.json").read_text())
+    assert set(summary["evaluations"]) == {"stage2_r0", "stage2_r0_votes2", "stage2_r0_gate_votes2"}
+    report = json.loads((work / "eval" / "stage2_r0_gate_votes2.json").read_text())
+    assert report["aggregate"]["episodes"] == 2
+
+
+def test_stop_gate_without_view_head_is_refused(tmp_path):
+    cmd = [sys.executable, str(REPO / "scripts/train_stage2.py"), "--workdir", str(tmp_path / "w"), "--eval-stop-gate"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "--view-aux-weight" in proc.stderr, proc.stderr
+    assert not (tmp_path / "w").exists()

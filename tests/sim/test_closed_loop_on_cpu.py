@@ -329,3 +329,44 @@ def test_wnm_policy_stop_votes_sample_more_strata():
     np.testing.assert_array_equal(single[0, :, 3] > 0.5, stops[0])  # one vote: the first sample's own flags
     with pytest.raises(ValueError, match="stop_votes"):
         WNMPolicy(model, stop_votes=0)
+
+
+def test_wnm_policy_stop_gate_vetoes_or_passes_stop():
+    from verl_omni.data.actions import ActionNormalization
+    from verl_omni.models.wnm import WNMConfig, WNMModel
+    from verl_omni.models.wnm.goal_probe import ObjectViewProbe
+    from verl_omni.models.wnm.stop_gate import StopGate
+    from verl_omni.pipelines.wnm_shared import NativeBackendConfig, SamplerConfig
+    from verl_omni.sim.closed_loop import PolicyQuery
+    from verl_omni.sim.wnm_policy import WNMPolicy
+
+    torch.manual_seed(0)
+    norm = ActionNormalization(mean=(0.1, 0.0, 0.0, 0.5), std=(0.02, 0.02, 0.05, 1.0))
+    model = WNMModel(WNMConfig.from_size("tiny", variant="wnm_3d", image_size=(32, 32)), norm)
+    sampler, backend = SamplerConfig(num_steps=2, window_size=1), NativeBackendConfig(deterministic=False)
+
+    def gate(logit: float) -> StopGate:
+        """A head that answers the same for every input: the last layer's weights 0, its bias (logit, 1, 0, 0)."""
+        head = ObjectViewProbe(model.config.dim)
+        with torch.no_grad():
+            head.net[-1].weight.zero_()
+            head.net[-1].bias.copy_(torch.tensor([logit, 1.0, 0.0, 0.0]))
+        return StopGate(head, stop_distance_m=0.5)
+
+    history = Renderer(empty_room(), CameraConfig(width=32, height=32)).render(np.array([[1.0, 3.0, 0.0]]))
+    history = np.repeat(history[None], 33, axis=1)
+    queries = [PolicyQuery(f"ep{i}", 11 + i, 2, "go to the chair", np.zeros(3), np.zeros(2), "empty") for i in range(6)]
+    plain = WNMPolicy(model, sampler, backend, stop_votes=3).act(np.repeat(history, 6, 0), queries)
+    assert (plain[..., 3] > 0.5).any()  # some query's chunk stops: the gate has something to decide
+    # Object seen at 0 m: every STOP passes, the chunks are the ungated ones.
+    passed = WNMPolicy(model, sampler, backend, stop_votes=3, stop_gate=gate(10.0)).act(
+        np.repeat(history, 6, 0), queries
+    )
+    np.testing.assert_array_equal(passed, plain)
+    # Object never seen: no chunk stops; chunks without STOP are untouched.
+    vetoed = WNMPolicy(model, sampler, backend, stop_votes=3, stop_gate=gate(-10.0)).act(
+        np.repeat(history, 6, 0), queries
+    )
+    assert not (vetoed[..., 3] > 0.5).any()
+    calm = ~(plain[..., 3] > 0.5).any(-1)
+    np.testing.assert_array_equal(vetoed[calm], plain[calm])

@@ -93,6 +93,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=1,
         help="samples per call voting on each step's STOP flag (WNMPolicy.stop_votes; default 1: one sample)",
     )
+    p.add_argument(
+        "--stop-gate",
+        action="store_true",
+        help="STOP only where the checkpoint's view head sees the named object within the expert's stopping distance "
+        "(models/wnm/stop_gate.py; needs a checkpoint with stop_gate/, i.e. trained with --view-aux-weight > 0)",
+    )
     p.add_argument("--fov-deg", type=float, default=90.0, help="camera field of view (default 90, as synthesized)")
     p.add_argument("--scene-size-m", type=float, nargs=2, default=[8.0, 6.0], metavar=("W", "H"), help="--synthesize")
     p.add_argument("--max-rooms", type=positive_int, default=5, help="rooms per synthesized scene (default 5)")
@@ -243,6 +249,7 @@ def _evaluate(label: str, ckpt: Path, args, plans, specs, loop_cfg):
         name=label,
         exact=args.exact_batching,
         stop_votes=args.stop_votes,
+        stop_gate=args.stop_gate,
     )
     try:
         policy = factory()  # loads here: a bad checkpoint fails before any worker starts
@@ -406,7 +413,13 @@ def main(argv: list[str] | None = None) -> int:
             "min_goal_distance_m": task_cfg.min_goal_distance_m,
             "level": args.level,
             "floorplan": {"size_m": list(floorplan_cfg.size_m), "max_rooms": floorplan_cfg.max_rooms},
-            "sampler": {"mode": "ode", "num_steps": args.num_steps, "shift": args.shift, "stop_votes": args.stop_votes},
+            "sampler": {
+                "mode": "ode",
+                "num_steps": args.num_steps,
+                "shift": args.shift,
+                "stop_votes": args.stop_votes,
+                "stop_gate": args.stop_gate,
+            },
             "distance": "geodesic on the occupancy grid (8-connected, un-inflated)",
             "collision_handling": "blocked: translation refused, rotation kept, episode continues"
             if loop_cfg.collision == "block"

@@ -15,10 +15,17 @@ With votes, the call also samples ``stop_votes - 1`` more initial noises (more s
 step's STOP flag is set when most samples set it: the median of the belief instead of one draw from it, the
 usual way to turn a sampled policy into a decision (cf. the ensembles of action-chunking policies). The motion
 stays that of the first sample, so ``stop_votes = 1`` is exactly the single-sample policy.
+
+STOP gate (``stop_gate``): votes leave the early STOPs in place because the belief itself is wrong there (it
+fires about 1.7 m short of the goal). A checkpoint trained with the view head keeps it as a
+:class:`~verl_omni.models.wnm.stop_gate.StopGate`; with the gate on, a chunk's STOP is executed only where the
+head sees the named object within the expert's stopping distance, and otherwise the call drives on with the
+motion of another vote that does not stop (:func:`~verl_omni.models.wnm.stop_gate.gate_stop`).
 """
 
 from __future__ import annotations
 
+import zlib
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -36,14 +43,20 @@ class WNMPolicy:
         backend_config: Native backend settings (device, dtype, batching).
         name: Label used in reports.
         stop_votes: Samples per call that vote on each step's STOP flag (1 = the first sample decides).
+        stop_gate: Optional ``StopGate``: STOP only where its head sees the named object close enough.
     """
 
-    def __init__(self, model, sampler=None, backend_config=None, name: str = "wnm", stop_votes: int = 1) -> None:
+    def __init__(
+        self, model, sampler=None, backend_config=None, name: str = "wnm", stop_votes: int = 1, stop_gate=None
+    ) -> None:
         from verl_omni.pipelines.wnm_shared import NativeRolloutBackend
 
         if isinstance(stop_votes, bool) or not isinstance(stop_votes, int) or stop_votes < 1:
             raise ValueError(f"WNMPolicy.stop_votes: must be an int >= 1, got {stop_votes!r}")
         self.stop_votes = stop_votes
+        self.stop_gate = stop_gate
+        if stop_gate is not None:
+            stop_gate.head.to(model.device)
 
         self.model = model.eval()
         self.backend = NativeRolloutBackend.from_model(model, sampler, backend_config)
@@ -62,24 +75,38 @@ class WNMPolicy:
         name: str | None = None,
         exact: bool = False,
         stop_votes: int = 1,
+        stop_gate: bool = False,
     ) -> WNMPolicy:
         """Loads a complete checkpoint directory (sha256-verified) and wraps it.
 
         ``exact=False`` runs all active episodes in one DiT batch (fast); ``exact=True`` evaluates each episode's
         sample on its own so that its bits do not depend on which episodes share the call (slower on CPU).
 
+        ``stop_gate=True`` loads the checkpoint's ``stop_gate/`` (see the module docstring).
+
         Raises:
-            verl_omni.models.wnm.CheckpointError: the checkpoint is missing or malformed.
+            verl_omni.models.wnm.CheckpointError: the checkpoint is missing or malformed, or ``stop_gate`` is asked
+                for and the checkpoint has none.
             ValueError: invalid sampler/backend settings (the message names the field).
         """
-        from verl_omni.models.wnm import load_wnm_checkpoint
+        from verl_omni.models.wnm import CheckpointError, load_wnm_checkpoint
+        from verl_omni.models.wnm.stop_gate import GATE_DIR, load_stop_gate
         from verl_omni.pipelines.wnm_shared import NativeBackendConfig, SamplerConfig
 
         # The ODE never uses the SDE window; a one-step window keeps any num_steps >= 2 valid.
         sampler = SamplerConfig(num_steps=num_steps, shift=shift, window_size=1)
         backend_config = NativeBackendConfig(device=device, dtype=dtype, deterministic=exact)
         model = load_wnm_checkpoint(checkpoint, device=device)
-        return cls(model, sampler, backend_config, name=name or Path(checkpoint).name, stop_votes=stop_votes)
+        gate = None
+        if stop_gate:
+            gate = load_stop_gate(checkpoint, device=device)
+            if gate is None:
+                raise CheckpointError(
+                    f"{Path(checkpoint) / GATE_DIR}: missing; the STOP gate needs a checkpoint trained with the view "
+                    "head (train_stage2.py --view-aux-weight > 0)"
+                )
+        return cls(model, sampler, backend_config, name=name or Path(checkpoint).name, stop_votes=stop_votes,
+                   stop_gate=gate)  # fmt: skip
 
     def act(self, history: np.ndarray, queries: Sequence[PolicyQuery]) -> np.ndarray:
         """Decoded actions ``float64 [B, 32, 4]`` for ``uint8 [B, 33, H, W, 3]`` histories."""
@@ -96,7 +123,17 @@ class WNMPolicy:
         ]  # vote v of query i is request v * B + i; vote 0 is the single-sample policy's request
         results = self.backend.generate(requests, contexts, ode=True)
         actions = results.actions.double().numpy().reshape(self.stop_votes, len(queries), *results.actions.shape[1:])
-        return vote_stop(actions)
+        chosen = vote_stop(actions)
+        if self.stop_gate is None:
+            return chosen
+        from verl_omni.models.wnm.stop_gate import gate_stop, stop_allowed
+
+        # The gate's noise is keyed like the call's own (episode, seed, call index); crc32, not hash(), so that it
+        # is the same in every process.
+        seeds = [zlib.crc32(f"stop_gate:{q.episode_id}:{q.seed}:{q.call_index}".encode()) for q in queries]
+        view = self.stop_gate.predict(self.model.transformer, contexts, seeds)
+        allowed = stop_allowed(view, self.stop_gate.stop_distance_m).cpu().numpy()
+        return gate_stop(np.concatenate([chosen[None], actions[1:]]), allowed, self.stop_gate.within_steps)
 
 
 def vote_stop(actions: np.ndarray, threshold: float = 0.5) -> np.ndarray:

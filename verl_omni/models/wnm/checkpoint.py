@@ -59,6 +59,7 @@ from verl_omni.data.actions import ActionNormalization
 from .config import WNMConfig
 from .encoders import ByteTokenizer, CLIPImageEncoder, HFTokenizer, UMT5TextEncoder, tiny_vae_config
 from .model import WNMModel, build_geometry_encoder, build_image_encoder, build_text_encoder
+from .stop_gate import StopGate
 
 # Re-exported: the contract (reading, comparing) lives in verl_omni.contracts, torch-free.
 __all__ = [
@@ -230,6 +231,7 @@ def save_wnm_checkpoint(
     provenance: dict,
     max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES,
     readme: str | None = None,
+    stop_gate: StopGate | None = None,
 ) -> Path:
     """Writes a complete checkpoint directory; never overwrites.
 
@@ -240,6 +242,8 @@ def save_wnm_checkpoint(
         max_shard_bytes: Tensors of a part beyond this size are sharded with an index.
         readme: Optional model card written as ``README.md`` (data, steps, hyper-parameters, licence); it is
             listed in the manifest like every other file.
+        stop_gate: Optional :class:`.stop_gate.StopGate` written as ``stop_gate/`` (read back by
+            :func:`.stop_gate.load_stop_gate`; the model itself never needs it).
 
     Returns:
         The checkpoint directory.
@@ -273,6 +277,8 @@ def save_wnm_checkpoint(
         _save_frozen(model, tmp, max_shard_bytes)
         if readme is not None:
             (tmp / "README.md").write_text(readme)
+        if stop_gate is not None:
+            stop_gate.save(tmp)
         files = {
             name: {"sha256": file_sha256(tmp / name), "bytes": (tmp / name).stat().st_size} for name in _list_files(tmp)
         }

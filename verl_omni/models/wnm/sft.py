@@ -201,19 +201,27 @@ def _sft_loop(model, train, heldout, cfg, bar, g, opt, params, probes, curve, lo
             bar.set_postfix(train=f"{curve[-1][1]:.3f}", heldout=f"{held:.3f}")
 
 
-def train_sft(model: WNMModel, train: EncodedRows, heldout: EncodedRows, cfg: SFTConfig, progress: bool = True) -> dict:
+def train_sft(
+    model: WNMModel,
+    train: EncodedRows,
+    heldout: EncodedRows,
+    cfg: SFTConfig,
+    progress: bool = True,
+    view_head: ObjectViewProbe | None = None,
+) -> dict:
     """AdamW flow-matching training of ``model.transformer`` (and of the ``cfg.train_encoders``).
 
     Trained encoders are frozen again at the end and the cached features of ``train`` and ``heldout`` are
-    recomputed with their new weights.
+    recomputed with their new weights. ``view_head`` continues an earlier round's view head (``cfg.view_aux_weight``
+    > 0) instead of starting a fresh one.
 
     Returns:
         ``{"initial_heldout", "final_heldout", "instruction_gap"`` (:func:`instruction_gap` of the held-out rows)
         ``, "instruction_gap_pure_noise"`` (at sigma 1) ``, "goal_direction"`` (:func:`goal_direction_gap`, None
         without the goal head) ``, "goal_direction_pure_noise"`` (at sigma 1) ``, "object_view"``
         (:func:`object_view_gap`, None without the view head) ``, "object_view_pure_noise"`` (at sigma 1) ``,
-        "curve": [(step, train_loss_avg, heldout_loss)], "train_losses", "goal_aux_losses", "view_aux_losses"}``
-        (the last two empty unless their head is on).
+        "curve": [(step, train_loss_avg, heldout_loss)], "train_losses", "goal_aux_losses", "view_aux_losses"``
+        (the last two empty unless their head is on)``, "view_head"`` (the trained view head, None when off)``}``.
     """
     encoders = _trainable_encoders(model, cfg.train_encoders)
     params = list(model.transformer.parameters())
@@ -235,7 +243,8 @@ def train_sft(model: WNMModel, train: EncodedRows, heldout: EncodedRows, cfg: SF
                 "SFTConfig.view_aux_weight > 0 needs the queries' goal_object_bearing (recorded by the simulator "
                 "since the view-grounding head exists); re-synthesize the collection"
             )
-        view_probe = ObjectViewProbe(model.config.dim).to(train.goal_view.device)
+        view_probe = view_head if view_head is not None else ObjectViewProbe(model.config.dim)
+        view_probe = view_probe.to(train.goal_view.device).train()
         params += list(view_probe.parameters())
     g = torch.Generator().manual_seed(cfg.seed)
     opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
@@ -271,6 +280,7 @@ def train_sft(model: WNMModel, train: EncodedRows, heldout: EncodedRows, cfg: SF
         "train_losses": losses,
         "goal_aux_losses": aux_losses["goal"],
         "view_aux_losses": aux_losses["view"],
+        "view_head": None if view_probe is None else view_probe.eval(),
     }
 
 
