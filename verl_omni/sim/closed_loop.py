@@ -34,7 +34,7 @@ import numpy as np
 
 from verl_omni.data.actions import integrate_actions
 from verl_omni.data.convert import history_indices
-from verl_omni.data.occupancy import OccupancyMap
+from verl_omni.data.occupancy import ROBOT_RADIUS_M, OccupancyMap
 from verl_omni.sim.eval_metrics import spl
 from verl_omni.sim.floorplan import FloorPlan
 from verl_omni.sim.render import CameraConfig, Renderer
@@ -60,7 +60,7 @@ class ClosedLoopConfig:
 
     max_steps: int = 128
     execute_steps: int = 8
-    robot_radius: float = 0.2
+    robot_radius: float = ROBOT_RADIUS_M
     collision: str = "block"
     collision_samples_per_metre: float | None = None
     stop_threshold: float = 0.5

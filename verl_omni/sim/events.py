@@ -33,7 +33,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from verl_omni.data.actions import first_stop_index
-from verl_omni.data.occupancy import OccupancyMap
+from verl_omni.data.occupancy import ROBOT_RADIUS_M, OccupancyMap
 
 EVENT_NAMES: tuple[str, ...] = (
     "collision_precursor",
@@ -56,7 +56,7 @@ class EventThresholds:
         near_goal_distance_m: Straight-line distance defining "near the goal".
     """
 
-    robot_radius: float = 0.2
+    robot_radius: float = ROBOT_RADIUS_M
     precursor_clearance_m: float = 0.3
     lookahead_m: float = 0.5
     premature_stop_distance_m: float = 1.5

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from verl_omni.data.occupancy import OccupancyMap
+from verl_omni.data.occupancy import ROBOT_RADIUS_M, OccupancyMap
 
 FREE, WALL, FURNITURE_BASE = 0, 1, 2
 SEMANTICS_FORMAT = "wnm-sim-semantics/1"
@@ -95,7 +95,7 @@ class FloorPlanConfig:
     corridor_probability: float = 0.5
     corridor_width_m: float = 1.2
     furniture_per_room: tuple[int, int] = (1, 3)
-    robot_radius: float = 0.2
+    robot_radius: float = ROBOT_RADIUS_M
     max_attempts: int = 30
 
     def __post_init__(self) -> None:

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from verl_omni.data.actions import wrap_angle
-from verl_omni.data.occupancy import OccupancyMap
+from verl_omni.data.occupancy import ROBOT_RADIUS_M, OccupancyMap
 
 _NEIGHBOURS = np.array([(-1, -1), (-1, 0), (-1, 1), (0, -1), (0, 1), (1, -1), (1, 0), (1, 1)], np.int64)
 
@@ -46,7 +46,7 @@ class PlannerConfig:
         samples_per_metre: Collision samples along segments during smoothing.
     """
 
-    robot_radius: float = 0.2
+    robot_radius: float = ROBOT_RADIUS_M
     clearance_margin: float = 0.15
     step_length: float = 0.25
     max_turn_rad: float = math.pi / 6
