@@ -105,6 +105,10 @@ def test_checkpoint_round_trip_of_the_gate(tmp_path):
 
     with pytest.raises(CheckpointError, match="stop_gate.*--view-aux-weight"):
         WNMPolicy.from_checkpoint(plain, stop_gate=True)
+    # The fitted distance can be replaced at evaluation time (the saved one stays).
+    assert WNMPolicy.from_checkpoint(ckpt, stop_gate=True, stop_gate_distance_m=1.5).stop_gate.stop_distance_m == 1.5
+    with pytest.raises(ValueError, match="stop_gate_distance_m"):
+        WNMPolicy.from_checkpoint(ckpt, stop_gate=True, stop_gate_distance_m=0.0)
     # Tampered weights fail their sha256 before anything is read.
     weights = ckpt / "stop_gate" / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[:-1] + b"\0")

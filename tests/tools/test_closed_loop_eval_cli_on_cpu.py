@@ -104,6 +104,9 @@ def test_bad_inputs_exit_non_zero(tool, tiny_checkpoint, tmp_path, capsys):
     # The STOP gate needs the checkpoint's stop_gate/ (a view-head run); this one has none: the message says so.
     assert run_cli(tool.main, ["--checkpoint", str(tiny_checkpoint), "--synthesize", "1", "--stop-gate", *base]) == 2
     assert "stop_gate" in capsys.readouterr().err
+    gate_distance = ["--checkpoint", str(tiny_checkpoint), "--synthesize", "1", "--stop-gate-distance", "1.0", *base]
+    assert run_cli(tool.main, gate_distance) == 2
+    assert "--stop-gate-distance needs --stop-gate" in capsys.readouterr().err
     assert not (tmp_path / "o").exists()
     with pytest.raises(SystemExit):
         tool.main(["--checkpoint", str(tiny_checkpoint), "--episodes", "0", *base])

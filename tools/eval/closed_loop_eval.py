@@ -99,6 +99,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="STOP only where the checkpoint's view head sees the named object within the expert's stopping distance "
         "(models/wnm/stop_gate.py; needs a checkpoint with stop_gate/, i.e. trained with --view-aux-weight > 0)",
     )
+    p.add_argument(
+        "--stop-gate-distance",
+        type=float,
+        default=None,
+        metavar="M",
+        help="with --stop-gate: stopping distance in metres instead of the one fitted in training",
+    )
     p.add_argument("--fov-deg", type=float, default=90.0, help="camera field of view (default 90, as synthesized)")
     p.add_argument("--scene-size-m", type=float, nargs=2, default=[8.0, 6.0], metavar=("W", "H"), help="--synthesize")
     p.add_argument("--max-rooms", type=positive_int, default=5, help="rooms per synthesized scene (default 5)")
@@ -150,6 +157,8 @@ def _validate(args: argparse.Namespace) -> None:
         raise CliError("nothing to evaluate: pass --checkpoint DIR and/or --policy NAME...")
     if args.compare is not None and args.checkpoint is None:
         raise CliError("--compare needs --checkpoint (the paired differences are compare - checkpoint)")
+    if args.stop_gate_distance is not None and not (args.stop_gate and args.stop_gate_distance > 0):
+        raise CliError(f"--stop-gate-distance needs --stop-gate and a distance > 0, got {args.stop_gate_distance}")
     unknown = [p for p in args.policy if p not in SCRIPTED_POLICIES]
     if unknown:
         raise CliError(f"--policy: unknown {unknown}; choose from {list(SCRIPTED_POLICIES)}")
@@ -250,6 +259,7 @@ def _evaluate(label: str, ckpt: Path, args, plans, specs, loop_cfg):
         exact=args.exact_batching,
         stop_votes=args.stop_votes,
         stop_gate=args.stop_gate,
+        stop_gate_distance_m=args.stop_gate_distance,
     )
     try:
         policy = factory()  # loads here: a bad checkpoint fails before any worker starts
@@ -419,6 +429,7 @@ def main(argv: list[str] | None = None) -> int:
                 "shift": args.shift,
                 "stop_votes": args.stop_votes,
                 "stop_gate": args.stop_gate,
+                "stop_gate_distance_m": args.stop_gate_distance,
             },
             "distance": "geodesic on the occupancy grid (8-connected, un-inflated)",
             "collision_handling": "blocked: translation refused, rotation kept, episode continues"

@@ -25,6 +25,7 @@ motion of another vote that does not stop (:func:`~verl_omni.models.wnm.stop_gat
 
 from __future__ import annotations
 
+import dataclasses
 import zlib
 from collections.abc import Sequence
 from pathlib import Path
@@ -76,13 +77,15 @@ class WNMPolicy:
         exact: bool = False,
         stop_votes: int = 1,
         stop_gate: bool = False,
+        stop_gate_distance_m: float | None = None,
     ) -> WNMPolicy:
         """Loads a complete checkpoint directory (sha256-verified) and wraps it.
 
         ``exact=False`` runs all active episodes in one DiT batch (fast); ``exact=True`` evaluates each episode's
         sample on its own so that its bits do not depend on which episodes share the call (slower on CPU).
 
-        ``stop_gate=True`` loads the checkpoint's ``stop_gate/`` (see the module docstring).
+        ``stop_gate=True`` loads the checkpoint's ``stop_gate/`` (see the module docstring);
+        ``stop_gate_distance_m`` replaces its fitted stopping distance (to measure the gate at other settings).
 
         Raises:
             verl_omni.models.wnm.CheckpointError: the checkpoint is missing or malformed, or ``stop_gate`` is asked
@@ -105,6 +108,10 @@ class WNMPolicy:
                     f"{Path(checkpoint) / GATE_DIR}: missing; the STOP gate needs a checkpoint trained with the view "
                     "head (train_stage2.py --view-aux-weight > 0)"
                 )
+            if stop_gate_distance_m is not None:
+                if not stop_gate_distance_m > 0:
+                    raise ValueError(f"WNMPolicy.stop_gate_distance_m: must be > 0, got {stop_gate_distance_m!r}")
+                gate = dataclasses.replace(gate, stop_distance_m=float(stop_gate_distance_m))
         return cls(model, sampler, backend_config, name=name or Path(checkpoint).name, stop_votes=stop_votes,
                    stop_gate=gate)  # fmt: skip
 
