@@ -84,7 +84,7 @@ def _synthesize(args, out: Path) -> None:
     synthesize_collection(
         out, scenes=args.scenes, episodes_per_scene=args.episodes_per_scene, seed=args.seed, workers=args.workers,
         level=args.level, goal_variants=args.goal_variants, label_expert=args.label_expert,
-        face_goal_object=args.face_goal_object, log=_log,
+        face_goal_object=args.face_goal_object, goal_point=args.goal_point, log=_log,
     )  # fmt: skip
 
 

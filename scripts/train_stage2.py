@@ -139,6 +139,7 @@ def synthesize_collection(
     label_expert: str,
     face_goal_object: bool = False,
     image_size: tuple[int, int] | None = None,
+    goal_point: str = "random",
     log=print,
 ) -> None:
     """Builds a noisy-expert GN0 collection in ``out`` (occupancy scenes in ``<out>_occ``) unless one is there.
@@ -155,7 +156,8 @@ def synthesize_collection(
         sys.executable, str(REPO / "tools/data/synthesize_gn0_collection.py"), "--output-dir", str(out),
         "--occupancy-dir", str(out.with_name(out.name + "_occ")), "--num-scenes", str(scenes),
         "--episodes-per-scene", str(episodes_per_scene), "--seed", str(seed), "--workers", str(workers),
-        "--level", level, "--goal-variants", str(goal_variants), *label_flags(label_expert, face_goal_object),
+        "--level", level, "--goal-variants", str(goal_variants),
+        *label_flags(label_expert, face_goal_object, goal_point),
     ]  # fmt: skip
     if image_size is not None:
         cmd += ["--image-size", *map(str, image_size)]
@@ -167,7 +169,7 @@ def _synthesize(args, out: Path) -> None:
     synthesize_collection(
         out, scenes=args.scenes, episodes_per_scene=args.episodes_per_scene, seed=args.seed, workers=args.workers,
         level=args.level, goal_variants=args.goal_variants, label_expert=args.label_expert,
-        face_goal_object=args.face_goal_object,
+        face_goal_object=args.face_goal_object, goal_point=args.goal_point,
         image_size=tuple(args.image_size), log=_log,
     )  # fmt: skip
 
@@ -495,9 +497,9 @@ def main(argv: list[str] | None = None) -> int:
     timings: dict[str, float] = {}
 
     # Held-out scenes and episodes: their own seed stream, never used for training.
-    held_plans = synthesize_heldout_scenes(args.eval_scenes, args.eval_seed, level.floorplan())
+    task_cfg = CollectorConfig(min_goal_distance_m=level.min_goal_distance_m, goal_point=args.goal_point)
+    held_plans = synthesize_heldout_scenes(args.eval_scenes, args.eval_seed, level.floorplan(), task=task_cfg)
     plans = {p.scene_id: p for p in held_plans}
-    task_cfg = CollectorConfig(min_goal_distance_m=level.min_goal_distance_m)
     specs = sample_episode_specs(held_plans, args.eval_episodes, args.eval_seed, task_cfg)
     evals: dict[str, dict] = {}
     t0 = time.perf_counter()

@@ -107,3 +107,23 @@ def test_save_load_round_trip_and_errors(tmp_path):
         OccupancyMap.load(tmp_path / "nope")
     with pytest.raises(OccupancyError, match="resolution"):
         OccupancyMap.from_grid(np.zeros((4, 4), bool), -1.0)
+
+
+def test_geodesic_to_nearest_of_several_points_around_a_wall():
+    # The grid of test_geodesic_distance_around_a_wall: 5 x 7, 1 m cells, wall in column 3 over rows 0-3.
+    occ = np.zeros((5, 7), bool)
+    occ[0:4, 3] = True
+    m = OccupancyMap.from_grid(occ, 1.0)
+    points = np.stack([m.grid_to_world(0, 6), m.grid_to_world(0, 0)])  # index 0 right of the wall, 1 left of it
+    dist, which = m.geodesic_to_nearest(points)
+    # By hand: (0, 1) is 1 m from point 1 and far from point 0 (around the wall); (0, 5) is 1 m from point 0.
+    assert dist[0, 1] == pytest.approx(1.0) and which[0, 1] == 1
+    assert dist[0, 5] == pytest.approx(1.0) and which[0, 5] == 0
+    # (4, 3), the gap: to point 1 it is (3,0)->... = the left half of the hand path, 2*sqrt2 + 1 + 2 - ... computed
+    # directly: (0,0)->(3,2): 2*sqrt2 + 1; (3,2)->(4,2)->(4,3): 2 = 3 + 2*sqrt2 (about 5.83); to point 0:
+    # (0,6)->(4,4): 2*sqrt2 + 2, (4,4)->(4,3): 1 = 3 + 2*sqrt2 as well: a tie, which goes to the lower index.
+    assert dist[4, 3] == pytest.approx(3 + 2 * math.sqrt(2), rel=1e-6)
+    assert which[4, 3] in (0, 1)
+    assert math.isinf(dist[0, 3]) and which[0, 3] == -1
+    with pytest.raises(OccupancyError, match="not free"):
+        m.geodesic_to_nearest(np.stack([m.grid_to_world(0, 3)]))

@@ -72,6 +72,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--collision", choices=("block", "end"), default="block", help="on collision (default block)")
     p.add_argument("--success-radius", type=float, default=0.5, help="geodesic success radius, m (default 0.5)")
     p.add_argument("--min-goal-distance", type=float, default=3.0, help="min start-goal geodesic, m (default 3)")
+    from verl_omni.sim.label_args import add_goal_point_argument
+
+    add_goal_point_argument(p)
     p.add_argument("--num-steps", type=positive_int, default=10, help="ODE denoising steps (default 10)")
     p.add_argument("--shift", type=float, default=3.0, help="sigma schedule shift (default 3.0)")
     p.add_argument("--device", default="cpu", help="torch device (default cpu)")
@@ -210,10 +213,12 @@ def _configs(args: argparse.Namespace):
         )
         if args.level is not None:
             level = get_level(args.level)
-            tasks = CollectorConfig(success_radius=args.success_radius, min_goal_distance_m=level.min_goal_distance_m)
+            tasks = CollectorConfig(success_radius=args.success_radius, min_goal_distance_m=level.min_goal_distance_m,
+                                    goal_point=args.goal_point)  # fmt: skip
             plans = level.floorplan()
         else:
-            tasks = CollectorConfig(success_radius=args.success_radius, min_goal_distance_m=args.min_goal_distance)
+            tasks = CollectorConfig(success_radius=args.success_radius, min_goal_distance_m=args.min_goal_distance,
+                                    goal_point=args.goal_point)  # fmt: skip
             plans = FloorPlanConfig(size_m=tuple(args.scene_size_m), max_rooms=args.max_rooms)
     except ValueError as e:
         raise CliError(f"invalid evaluation settings: {e}") from e
@@ -222,7 +227,7 @@ def _configs(args: argparse.Namespace):
     return loop, tasks, plans
 
 
-def _load_scenes(args: argparse.Namespace, floorplan_cfg) -> tuple[dict, dict, list]:
+def _load_scenes(args: argparse.Namespace, floorplan_cfg, tasks=None) -> tuple[dict, dict, list]:
     """Scene id -> plan, scene id -> source description, and the plans synthesized here."""
     from verl_omni.sim.collector import SceneError
     from verl_omni.sim.floorplan import FloorPlanError
@@ -230,7 +235,9 @@ def _load_scenes(args: argparse.Namespace, floorplan_cfg) -> tuple[dict, dict, l
 
     try:
         loaded = load_scenes(args.scenes) if args.scenes else {}
-        fresh = synthesize_heldout_scenes(args.synthesize, args.seed, floorplan_cfg) if args.synthesize else []
+        fresh = []
+        if args.synthesize:
+            fresh = synthesize_heldout_scenes(args.synthesize, args.seed, floorplan_cfg, task=tasks)
     except (FileNotFoundError, FloorPlanError, SceneError, ValueError) as e:
         raise CliError(str(e)) from e
     plans = {sid: plan for sid, (plan, _) in loaded.items()}
@@ -361,7 +368,7 @@ def main(argv: list[str] | None = None) -> int:
     from verl_omni.sim.eval_metrics import aggregate, paired_differences
     from verl_omni.sim.heldout import sample_episode_specs
 
-    plans, sources, fresh = _load_scenes(args, floorplan_cfg)
+    plans, sources, fresh = _load_scenes(args, floorplan_cfg, task_cfg)
     try:
         specs = sample_episode_specs(list(plans.values()), args.episodes, args.seed, task_cfg)
     except SceneError as e:

@@ -339,6 +339,41 @@ class OccupancyMap:
             self._geodesic.popitem(last=False)
         return field_
 
+    def geodesic_to_nearest(self, points_xy: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Shortest free-space path length from each cell to the nearest of several points, and which one it is.
+
+        One multi-source Dijkstra (scipy's ``min_only``), so the cost is that of a single :meth:`geodesic_to`.
+
+        Args:
+            points_xy: ``[K, 2]`` world points, each in a free cell.
+
+        Returns:
+            ``(float32 [H, W] metres, int64 [H, W] index into points_xy)``; blocked and unreachable cells are
+            ``inf`` and ``-1``.
+
+        Raises:
+            OccupancyError: a point is off the map or in a blocked cell.
+        """
+        from scipy.sparse.csgraph import dijkstra
+
+        pts = np.asarray(points_xy, np.float64).reshape(-1, 2)
+        rows, cols = self.world_to_grid(pts)
+        h, w = self.shape
+        inside = (rows >= 0) & (rows < h) & (cols >= 0) & (cols < w)
+        if not inside.all() or not self.free[rows, cols].all():
+            bad = pts[~(inside & self.free[np.clip(rows, 0, h - 1), np.clip(cols, 0, w - 1)])][0]
+            raise OccupancyError(f"scene {self.scene_id!r}: point {bad.tolist()} is off the map or not free")
+        nodes = rows * w + cols
+        dist, _, sources = dijkstra(
+            self._free_graph(), directed=False, indices=nodes, min_only=True, return_predecessors=True
+        )
+        field_ = dist.reshape(h, w).astype(np.float32)
+        field_[~self.free] = np.inf
+        lookup = {int(n): k for k, n in reversed(list(enumerate(nodes)))}  # duplicates: the lowest index
+        which = np.array([lookup.get(int(n), -1) for n in sources], np.int64).reshape(h, w)
+        which[~np.isfinite(field_)] = -1
+        return field_, which
+
     def geodesic_at(self, goal_xy, xy: np.ndarray) -> np.ndarray:
         """Geodesic distance (metres) to the goal at world points ``[..., 2]``; inf outside or blocked."""
         return self.lookup(self.geodesic_to(goal_xy), xy, np.inf).astype(np.float64)

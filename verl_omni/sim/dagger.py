@@ -145,7 +145,8 @@ def make_scene(index: int, seed: int, cfg: SynthesisConfig) -> FloorPlan:
     last = None
     for _ in range(cfg.plan_attempts):
         try:
-            return check_plan_has_goals(generate_floor_plan(cfg.floorplan, plan_rng, scene_id=scene_id_of(index)))
+            plan = generate_floor_plan(cfg.floorplan, plan_rng, scene_id=scene_id_of(index))
+            return check_plan_has_goals(plan, cfg.collector)
         except FloorPlanError as e:
             last = e
     raise SceneError(f"scene {scene_id_of(index)}: floor plan failed {cfg.plan_attempts} times: {last}")

@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import numpy as np
 
-from verl_omni.sim.collector import CollectorConfig, Episode, _unique_objects, goal_candidates, label_episode
+from verl_omni.sim.collector import (
+    CollectorConfig,
+    Episode,
+    _unique_objects,
+    goal_candidates,
+    label_episode,
+    nearest_goal,
+)
 from verl_omni.sim.floorplan import FloorPlan
 from verl_omni.sim.instructions import make_instructions
 from verl_omni.sim.planner import ExpertPlanner
@@ -52,7 +59,12 @@ def goal_variant_episodes(
         cands = goal_candidates(plan, obj.index, cfg.planner, cfg.goal_object_distance_m)
         if len(cands) == 0:
             continue
-        planner = base_planner.retarget(cands[int(rng.integers(len(cands)))])
+        pick = cands[int(rng.integers(len(cands)))]  # drawn in both modes, so the rng stream stays the same
+        if cfg.goal_point == "nearest":  # the object's point nearest to where the driven episode started
+            pick, dist = nearest_goal(plan.occupancy(), cands, poses[0, :2])
+            if not np.isfinite(dist):
+                continue
+        planner = base_planner.retarget(pick)
         # Every visited pose must reach the new goal on the planner's own (inflated) map, not only the start on
         # the bare map: a pose behind furniture for this goal cannot be labelled (measured: one scene in 200
         # of one_room seed 0 aborted a whole collection).

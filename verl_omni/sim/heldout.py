@@ -72,9 +72,12 @@ def load_scenes(paths: Sequence[str | Path]) -> dict[str, tuple[FloorPlan, Path]
 
 
 def synthesize_heldout_scenes(
-    count: int, seed: int, config: FloorPlanConfig | None = None, attempts: int = 5
+    count: int, seed: int, config: FloorPlanConfig | None = None, attempts: int = 5, task: CollectorConfig | None = None
 ) -> list[FloorPlan]:
     """Generates ``count`` fresh floor plans from the held-out seed stream.
+
+    ``task`` (the episodes' sampling settings) rejects plans that cannot host its episodes, as the training
+    collectors do; without it, or with ``goal_point="random"``, the scenes are those of every earlier release.
 
     Raises:
         SceneError: a scene fails ``attempts`` times (parameters too tight).
@@ -88,7 +91,7 @@ def synthesize_heldout_scenes(
         last = None
         for _ in range(attempts):
             try:
-                plans.append(check_plan_has_goals(generate_floor_plan(cfg, rng, scene_id=f"h{i:04d}")))
+                plans.append(check_plan_has_goals(generate_floor_plan(cfg, rng, scene_id=f"h{i:04d}"), task))
                 break
             except FloorPlanError as e:
                 last = e

@@ -1,15 +1,28 @@
-"""Command-line options of the expert that labels a collection, shared by the synthesis, DAgger and Stage-II
-commands (one definition, so that the flags, defaults and help agree everywhere)."""
+"""Command-line options of the task and of the expert that labels a collection, shared by the synthesis, DAgger,
+Stage-II and evaluation commands (one definition, so that the flags, defaults and help agree everywhere)."""
 
 from __future__ import annotations
 
 import argparse
 
+from verl_omni.sim.collector import GOAL_POINTS
 from verl_omni.sim.search_expert import LABEL_EXPERTS
 
 
+def add_goal_point_argument(p: argparse.ArgumentParser) -> None:
+    """Adds ``--goal-point`` (:attr:`~verl_omni.sim.collector.CollectorConfig.goal_point`)."""
+    p.add_argument(
+        "--goal-point",
+        choices=list(GOAL_POINTS),
+        default="random",
+        help="which point next to the named object is the goal: random = any free cell within 0.7 m of it (hidden "
+        "from a policy that is told only the object); nearest = the one nearest to the start (default random)",
+    )
+
+
 def add_label_arguments(p: argparse.ArgumentParser) -> None:
-    """Adds ``--label-expert`` and ``--face-goal-object`` (:class:`~verl_omni.sim.collector.CollectorConfig` fields)."""
+    """Adds ``--label-expert``, ``--face-goal-object`` and ``--goal-point`` (``CollectorConfig`` fields)."""
+    add_goal_point_argument(p)
     p.add_argument(
         "--label-expert",
         choices=list(LABEL_EXPERTS),
@@ -26,9 +39,10 @@ def add_label_arguments(p: argparse.ArgumentParser) -> None:
 
 def label_fields(args: argparse.Namespace) -> dict:
     """The :class:`~verl_omni.sim.collector.CollectorConfig` fields of parsed :func:`add_label_arguments` options."""
-    return {"label_expert": args.label_expert, "face_goal_object": args.face_goal_object}
+    return {"label_expert": args.label_expert, "face_goal_object": args.face_goal_object, "goal_point": args.goal_point}
 
 
-def label_flags(label_expert: str, face_goal_object: bool) -> list[str]:
+def label_flags(label_expert: str, face_goal_object: bool, goal_point: str = "random") -> list[str]:
     """The same options as command-line arguments (for a child process)."""
-    return ["--label-expert", label_expert] + (["--face-goal-object"] if face_goal_object else [])
+    flags = ["--label-expert", label_expert, "--goal-point", goal_point]
+    return flags + (["--face-goal-object"] if face_goal_object else [])
