@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-BASELINES = ("expert", "goal_bearing", "straight", "stop")
+BASELINES = ("expert", "object_expert", "goal_bearing", "straight", "stop")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -186,11 +186,14 @@ def _readme(name: str, args, rnd: int, provenance: dict, evaluation: dict | None
         f"{args.seed}); rounds 1..{rnd}: DAgger rounds of {args.dagger_scenes} fresh scenes each, driven by the "
         "previous checkpoint mixed with the expert, relabelled by the expert.",
         f"- query states used: {provenance.get('train_rows', '?')} training rows.",
+        f"- task: goal point `{args.goal_point}` next to the named object, labelled by the `{args.label_expert}` expert"
+        + (", which turns to face the object before its STOP." if args.face_goal_object else "."),
         "",
         "## Training",
         f"- joint flow matching (video + actions), AdamW lr {args.lr}, batch {args.batch_size}, action weight "
         f"{args.action_weight}; steps: {provenance.get('sft_steps_total', '?')} in all; seed {args.seed}; device "
         f"{args.device}.",
+        f"- model settings over `{args.size}`: {', '.join(args.set) if args.set else 'none'}.",
     ]
     if provenance.get("stop_gate"):
         lines.append(

@@ -89,3 +89,32 @@ def test_expert_succeeds_and_trivial_policies_fail(one_room_episodes):
     for spec, r in zip(specs, out["expert"], strict=True):
         assert r.metrics()["progress"] == pytest.approx(r.geodesic[0] - r.ne)
         assert r.metrics()["progress"] > spec.shortest_path_m - spec.success_radius - 0.05
+
+
+def test_object_expert_reaches_the_goal_only_where_it_is_the_near_side():
+    """Told the object, not the goal point: expert-level under goal_point='nearest'; under 'random' it succeeds
+    exactly where the hidden goal lies within the success radius of the object's point nearest to the start."""
+    from verl_omni.sim.collector import goal_candidates
+
+    level = get_level("one_room")
+    nearest = CollectorConfig(min_goal_distance_m=level.min_goal_distance_m, goal_point="nearest")
+    plans = synthesize_heldout_scenes(3, seed=5, config=level.floorplan(), task=nearest)  # hosts both modes
+    by_id = {p.scene_id: p for p in plans}
+    for mode in ("nearest", "random"):
+        cfg = CollectorConfig(min_goal_distance_m=level.min_goal_distance_m, goal_point=mode)
+        specs = sample_episode_specs(plans, 6, seed=5, config=cfg)
+        results = run_closed_loop(make_scripted_policy("object_expert", by_id), by_id, specs, progress=False)
+        for spec, r in zip(specs, results, strict=True):
+            plan = by_id[spec.scene_id]
+            occ = plan.occupancy()
+            index = next(f.index for f in plan.furniture if f.name == spec.goal_object)
+            cands = goal_candidates(plan, index, cfg.planner, cfg.goal_object_distance_m)
+            # Independent of the policy's multi-source field: one field from the start.
+            near = cands[int(np.argmin(occ.geodesic_at(np.asarray(spec.start_pose[:2]), cands)))]
+            near_is_goal = occ.geodesic_at(np.asarray(spec.goal), near[None])[0] <= spec.success_radius - 0.1
+            if mode == "nearest":
+                assert r.success, spec.episode_id
+            elif near_is_goal:
+                assert r.success, spec.episode_id
+            elif occ.geodesic_at(np.asarray(spec.goal), near[None])[0] > spec.success_radius + 0.3:
+                assert not r.success, spec.episode_id

@@ -54,8 +54,8 @@ def build_parser() -> argparse.ArgumentParser:
         nargs="+",
         default=[],
         metavar="NAME",
-        help="scripted reference policies evaluated on the same episodes: expert, expert_no_stop, goal_bearing, "
-        "straight, stop",
+        help="scripted reference policies evaluated on the same episodes: expert, expert_no_stop, object_expert, "
+        "goal_bearing, straight, stop",
     )
     p.add_argument(
         "--level",

@@ -6,6 +6,11 @@ They bracket what a learned navigator should reach on a task level:
   ceiling; the same planner labels the training data).
 - ``expert_no_stop``: the expert that never issues STOP (its SR is 0 by construction, its OSR is the
   expert's): shows that the evaluator needs an explicit STOP.
+- ``object_expert``: the expert told what a learned policy is told (the named object, from the instruction)
+  plus the map, but not the goal point: it drives to the object's point nearest to where the episode started
+  and stops there. Under ``CollectorConfig.goal_point="nearest"`` that is the goal (its SR is the expert's);
+  under ``random`` it measures how often the hidden side of the object happens to be the near one, the ceiling
+  of any policy without the goal's coordinates.
 - ``goal_bearing``: knows the goal point but not the map: turns toward the goal and drives straight at it,
   STOP once the straight-line distance is within the expert's stop distance. It is what a compass can do;
   a learned navigator should beat it on levels with more than one room.
@@ -19,6 +24,7 @@ are the expert planner's (step length, turn rate), so the baselines move like th
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable, Mapping, Sequence
 
@@ -158,7 +164,57 @@ class ExpertPolicy(_ScriptedPolicy):
         return actions
 
 
-SCRIPTED_POLICIES: tuple[str, ...] = ("expert", "expert_no_stop", "goal_bearing", "straight", "stop")
+class ObjectExpertPolicy(ExpertPolicy):
+    """The expert driving to the named object's point nearest to the episode's start (not to the goal point).
+
+    The object is the scene's piece of furniture whose name and room the instruction mentions (instructions name
+    objects that are unique by name and room, :func:`verl_omni.sim.collector.make_instructions`).
+
+    Args:
+        plans: Scene id -> floor plan.
+        goal_object_distance_m: The collector's ``goal_object_distance_m`` (which cells count as next to it).
+    """
+
+    name = "object_expert"
+
+    def __init__(
+        self,
+        plans: Mapping[str, FloorPlan],
+        image_size: tuple[int, int] = (64, 64),
+        planner: PlannerConfig | None = None,
+        goal_object_distance_m: float = 0.7,
+    ) -> None:
+        super().__init__(plans, stop=True, image_size=image_size, planner=planner)
+        self.name = "object_expert"
+        self.goal_object_distance_m = goal_object_distance_m
+        self._goals: dict[str, np.ndarray] = {}
+
+    def named_object(self, scene_id: str, instruction: str) -> int:
+        """Furniture index of the object the instruction names.
+
+        Raises:
+            ValueError: no piece, or more than one, matches (the message quotes the instruction).
+        """
+        plan = self.plans[scene_id]
+        hits = [f.index for f in plan.furniture if f.name in instruction and plan.rooms[f.room].kind in instruction]
+        longest = max((len(plan.furniture[i].name) for i in hits), default=0)  # "table" inside "blue table"
+        hits = [i for i in hits if len(plan.furniture[i].name) == longest]
+        if len(hits) != 1:
+            raise ValueError(f"object_expert: {len(hits)} objects of scene {scene_id!r} match {instruction!r}")
+        return hits[0]
+
+    def act_one(self, query: PolicyQuery) -> np.ndarray:
+        from verl_omni.sim.collector import goal_candidates, nearest_goal
+
+        if query.call_index == 0 or query.episode_id not in self._goals:  # the pose of call 0 is the start
+            plan = self.plans[query.scene_id]
+            cands = goal_candidates(plan, self.named_object(query.scene_id, query.instruction), self.cfg,
+                                    self.goal_object_distance_m)  # fmt: skip
+            self._goals[query.episode_id] = nearest_goal(plan.occupancy(), cands, np.asarray(query.pose)[:2])[0]
+        return super().act_one(dataclasses.replace(query, goal=self._goals[query.episode_id]))
+
+
+SCRIPTED_POLICIES: tuple[str, ...] = ("expert", "expert_no_stop", "object_expert", "goal_bearing", "straight", "stop")
 
 
 def make_scripted_policy(
@@ -172,6 +228,7 @@ def make_scripted_policy(
     makers: dict[str, Callable[[], _ScriptedPolicy]] = {
         "expert": lambda: ExpertPolicy(plans, stop=True, image_size=image_size),
         "expert_no_stop": lambda: ExpertPolicy(plans, stop=False, image_size=image_size),
+        "object_expert": lambda: ObjectExpertPolicy(plans, image_size=image_size),
         "goal_bearing": lambda: GoalBearingPolicy(image_size),
         "straight": lambda: StraightPolicy(image_size),
         "stop": lambda: StopPolicy(image_size),
