@@ -40,6 +40,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--level", default="two_rooms", help="task level: one_room, two_rooms, house (default two_rooms)")
     p.add_argument("--size", default="tiny", help="WNMConfig size preset (default tiny)")
     p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", help="WNMConfig override")
+    p.add_argument(
+        "--init-checkpoint",
+        type=Path,
+        help="start round 0 from this Stage-II checkpoint (its weights, encoders, action normalization and STOP "
+        "gate) instead of a fresh model, e.g. a one_room checkpoint for two_rooms (a curriculum over task levels); "
+        "--size/--set are then refused (the model is the checkpoint's)",
+    )
     p.add_argument("--scenes", type=int, default=200, help="scenes of the round-0 collection (default 200)")
     p.add_argument("--episodes-per-scene", type=int, default=4, help="episodes per scene (default 4)")
     p.add_argument(
@@ -186,6 +193,14 @@ def _readme(name: str, args, rnd: int, provenance: dict, evaluation: dict | None
         f"{args.seed}); rounds 1..{rnd}: DAgger rounds of {args.dagger_scenes} fresh scenes each, driven by the "
         "previous checkpoint mixed with the expert, relabelled by the expert.",
         f"- query states used: {provenance.get('train_rows', '?')} training rows.",
+        *(
+            [
+                f"- round 0 started from `{args.init_checkpoint.name}` (manifest sha256 "
+                f"{provenance['init_checkpoint']['manifest_sha256'][:12]}), not from a fresh model."
+            ]
+            if provenance.get("init_checkpoint")
+            else []
+        ),
         f"- task: goal point `{args.goal_point}` next to the named object, labelled by the `{args.label_expert}` expert"
         + (", which turns to face the object before its STOP." if args.face_goal_object else "."),
         "",
@@ -259,6 +274,13 @@ def _check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> No
         parser.error(f"--drive-workers must be >= 1, got {args.drive_workers}")
     if min(args.eval_stop_votes) < 1:
         parser.error(f"--eval-stop-votes must be >= 1, got {args.eval_stop_votes}")
+    if args.init_checkpoint is not None:
+        if not (args.init_checkpoint / "checkpoint_manifest.json").is_file():
+            parser.error(
+                f"--init-checkpoint {args.init_checkpoint}: not a complete checkpoint (no checkpoint_manifest.json)"
+            )
+        if args.set or args.size != parser.get_default("size"):
+            parser.error("--init-checkpoint: the model is the checkpoint's; drop --size/--set")
     if args.eval_stop_gate and args.view_aux_weight <= 0:
         parser.error("--eval-stop-gate needs --view-aux-weight > 0 (the gate is the view head)")
     if args.probe_states < 2:
@@ -362,11 +384,13 @@ def _train_round(args, config, rnd: int, data: Path, ckpt: Path, state: RoundSta
     _log(f"round {rnd}: decoding and encoding {len(train_ids)} episodes")
     if ckpt.is_dir():  # resumed: encode with the round's saved weights (its encoders, statistics, normalization)
         model = load_wnm_checkpoint(ckpt, device=args.device)
+    elif rnd == 0 and args.init_checkpoint is not None:  # a curriculum: go on from another run's checkpoint
+        model = load_wnm_checkpoint(args.init_checkpoint, device=args.device)
     elif rnd == 0:
         model = WNMModel(config).to(args.device)
     else:
         model = load_wnm_checkpoint(ckpt.with_name(f"stage2_r{rnd - 1}"), device=args.device)
-    fresh = rnd == 0 and not ckpt.is_dir()
+    fresh = rnd == 0 and not ckpt.is_dir() and args.init_checkpoint is None  # fit statistics only for a new model
     stream = sft.iter_expert_examples(data, config.history_frames, config.image_size, progress, args.workers,
                                       episode_ids=train_ids)  # fmt: skip
     rows = sft.encode_examples(model, stream, batch=64, progress=progress,
@@ -398,7 +422,8 @@ def _train_round(args, config, rnd: int, data: Path, ckpt: Path, state: RoundSta
                                 goal_aux_pure_noise=args.goal_aux_pure_noise,
                                 view_aux_weight=args.view_aux_weight)  # fmt: skip
         # A DAgger round continues the previous round's view head (the STOP gate) instead of a fresh one.
-        prev_gate = load_stop_gate(ckpt.with_name(f"stage2_r{rnd - 1}"), args.device) if rnd > 0 else None
+        previous = ckpt.with_name(f"stage2_r{rnd - 1}") if rnd > 0 else args.init_checkpoint
+        prev_gate = load_stop_gate(previous, args.device) if previous is not None else None
         view_head = None if prev_gate is None else prev_gate.head
         result = sft.train_sft(model, train_all, heldout, cfg_sft, progress, view_head=view_head)
         gate = None
@@ -420,6 +445,9 @@ def _train_round(args, config, rnd: int, data: Path, ckpt: Path, state: RoundSta
             "train_states": int(train_all.examples),
             "sft_steps_total": state.steps_total,
             "trained_encoders": list(train_encoders),
+            "init_checkpoint": None
+            if args.init_checkpoint is None or rnd > 0
+            else {"path": str(args.init_checkpoint), "manifest_sha256": _checkpoint_digest(args.init_checkpoint)},
             "initial_heldout_loss": result["initial_heldout"],
             "final_heldout_loss": result["final_heldout"],
             "instruction_gap": result["instruction_gap"],
@@ -495,6 +523,10 @@ def main(argv: list[str] | None = None) -> int:
     (work / "eval").mkdir(exist_ok=True)
     overrides = parse_overrides(args.set)
     config = WNMConfig.from_size(args.size, **overrides)
+    if args.init_checkpoint is not None:  # the model is the checkpoint's (loaded and sha256-verified here once)
+        from verl_omni.models.wnm import load_wnm_checkpoint
+
+        config = load_wnm_checkpoint(args.init_checkpoint).config
     args.image_size = list(config.image_size)
     t_start = time.perf_counter()
     timings: dict[str, float] = {}

@@ -1,5 +1,6 @@
 """scripts/train_stage2.py at its smallest: SFT round, one DAgger round, evaluations, probes, resume."""
 
+import hashlib
 import json
 import subprocess
 import sys
@@ -17,7 +18,15 @@ def test_two_rounds_then_resume(tmp_path):
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     summary = json.loads((work / "summary.json").read_text())
-    assert set(summary["evaluations"]) == {"expert", "goal_bearing", "straight", "stop", "stage2_r0", "stage2_r1"}
+    assert set(summary["evaluations"]) == {
+        "expert",
+        "object_expert",
+        "goal_bearing",
+        "straight",
+        "stop",
+        "stage2_r0",
+        "stage2_r1",
+    }
     assert summary["evaluations"]["expert"]["success"]["mean"] == 1.0
     assert set(summary["probes"]["stage2_r1"]) == {
         "mean_action_baseline", "full", "shuffled_instruction", "static_history", "shuffled_views"
@@ -95,4 +104,47 @@ def test_stop_gate_without_view_head_is_refused(tmp_path):
     cmd = [sys.executable, str(REPO / "scripts/train_stage2.py"), "--workdir", str(tmp_path / "w"), "--eval-stop-gate"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and "--view-aux-weight" in proc.stderr, proc.stderr
+    assert not (tmp_path / "w").exists()
+
+
+def test_init_checkpoint_starts_round_0_from_another_level(tmp_path):
+    """A curriculum over task levels: two_rooms round 0 from a one_room checkpoint (weights, normalization, gate)."""
+    import torch
+
+    from verl_omni.models.wnm.checkpoint import read_state_dict
+
+    common = ["--episodes-per-scene", "1", "--rounds", "1", "--batch-size", "2", "--eval-scenes", "1",
+              "--eval-episodes", "2", "--probe-states", "4", "--workers", "1", "--no-progress", "--skip-baselines",
+              "--view-aux-weight", "1", "--face-goal-object", "--goal-point", "nearest"]  # fmt: skip
+    script = [sys.executable, str(REPO / "scripts/train_stage2.py")]
+    first = tmp_path / "one_room"
+    proc = subprocess.run([*script, "--workdir", str(first), "--level", "one_room", "--scenes", "4", "--sft-steps", "2",
+                           *common], capture_output=True, text=True, timeout=900)  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    init = first / "ckpt" / "stage2_r0"
+    # One step at a learning rate far below float32 resolution: the weights must come out as they went in.
+    second = tmp_path / "two_rooms"
+    cmd = [*script, "--workdir", str(second), "--level", "two_rooms", "--scenes", "4", "--sft-steps", "1",
+           "--lr", "1e-30", "--init-checkpoint", str(init), *common]  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    out = second / "ckpt" / "stage2_r0"
+    before, after = read_state_dict(init / "transformer"), read_state_dict(out / "transformer")
+    assert before.keys() == after.keys()
+    for name in before:
+        torch.testing.assert_close(after[name], before[name], rtol=0, atol=1e-6, msg=name)
+    assert json.loads((out / "action_normalization.json").read_text()) == json.loads(
+        (init / "action_normalization.json").read_text()
+    )  # the init's statistics, not refitted on the new level
+    prov = json.loads((out / "checkpoint_manifest.json").read_text())["provenance"]
+    init_sha = hashlib.sha256((init / "checkpoint_manifest.json").read_bytes()).hexdigest()
+    assert prov["init_checkpoint"]["manifest_sha256"] == init_sha
+    assert "started from `stage2_r0`" in (out / "README.md").read_text()
+    assert "goal point `nearest`" in (out / "README.md").read_text()
+    # Refused before any work: a folder that is not a checkpoint, or model settings beside it.
+    for extra, needle in ((["--init-checkpoint", str(tmp_path)], "checkpoint_manifest.json"),
+                          (["--init-checkpoint", str(init), "--set", "num_layers=2"], "--size/--set")):  # fmt: skip
+        proc = subprocess.run([*script, "--workdir", str(tmp_path / "w"), *extra], capture_output=True, text=True,
+                              timeout=120)  # fmt: skip
+        assert proc.returncode == 2 and needle in proc.stderr, proc.stderr
     assert not (tmp_path / "w").exists()
