@@ -7,15 +7,9 @@ import json
 import numpy as np
 import pytest
 
-from verl_omni.sim.collector import (
-    CollectorConfig,
-    SynthesisConfig,
-    check_plan_has_goals,
-    goal_candidates,
-    sample_task,
-    synthesize_scene,
-)
+from verl_omni.sim.collector import CollectorConfig, SynthesisConfig, synthesize_scene
 from verl_omni.sim.floorplan import FloorPlan, FloorPlanError, generate_floor_plan
+from verl_omni.sim.goals import check_plan_has_goals, goal_candidates, sample_task
 from verl_omni.sim.heldout import _base_planner
 from verl_omni.sim.label_args import add_label_arguments, label_fields, label_flags
 from verl_omni.sim.levels import get_level

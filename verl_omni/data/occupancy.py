@@ -369,8 +369,9 @@ class OccupancyMap:
         )
         field_ = dist.reshape(h, w).astype(np.float32)
         field_[~self.free] = np.inf
-        lookup = {int(n): k for k, n in reversed(list(enumerate(nodes)))}  # duplicates: the lowest index
-        which = np.array([lookup.get(int(n), -1) for n in sources], np.int64).reshape(h, w)
+        index_of_node = np.full(h * w, -1, np.int64)
+        index_of_node[nodes[::-1]] = np.arange(len(nodes) - 1, -1, -1)  # a node given twice keeps its lowest index
+        which = np.where(sources >= 0, index_of_node[np.maximum(sources, 0)], -1).reshape(h, w)
         which[~np.isfinite(field_)] = -1
         return field_, which
 

@@ -4,15 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from verl_omni.sim.collector import (
-    CollectorConfig,
-    Episode,
-    _unique_objects,
-    goal_candidates,
-    label_episode,
-    nearest_goal,
-)
+from verl_omni.sim.collector import CollectorConfig, Episode, label_episode
 from verl_omni.sim.floorplan import FloorPlan
+from verl_omni.sim.goals import goal_candidates, nearest_goal, unique_objects
 from verl_omni.sim.instructions import make_instructions
 from verl_omni.sim.planner import ExpertPlanner
 from verl_omni.sim.render import Renderer
@@ -51,7 +45,7 @@ def goal_variant_episodes(
     rec = episode.record
     poses = np.asarray(rec["poses"])
     own = next(f.index for f in plan.furniture if f.name == rec["goal_object"]["name"])
-    others = [i for i in _unique_objects(plan) if i != own]
+    others = [i for i in unique_objects(plan) if i != own]
     rng = np.random.default_rng(np.random.SeedSequence([*seed_key, GOAL_VARIANT_STREAM]))
     out = []
     for obj_index in rng.permutation(others)[:variants]:

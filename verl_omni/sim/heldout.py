@@ -19,8 +19,9 @@ from pathlib import Path
 import numpy as np
 
 from verl_omni.sim.closed_loop import EpisodeSpec
-from verl_omni.sim.collector import CollectorConfig, SceneError, check_plan_has_goals, goal_candidates, sample_task
+from verl_omni.sim.collector import CollectorConfig
 from verl_omni.sim.floorplan import FloorPlan, FloorPlanConfig, FloorPlanError, generate_floor_plan
+from verl_omni.sim.goals import SceneError, check_plan_has_goals, goal_candidates, sample_task
 from verl_omni.sim.instructions import make_instructions
 from verl_omni.sim.planner import ExpertPlanner, PlanningError
 

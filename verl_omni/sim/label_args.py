@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from verl_omni.sim.collector import GOAL_POINTS
+from verl_omni.sim.goals import GOAL_POINTS
 from verl_omni.sim.search_expert import LABEL_EXPERTS
 
 

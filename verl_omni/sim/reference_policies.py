@@ -204,7 +204,7 @@ class ObjectExpertPolicy(ExpertPolicy):
         return hits[0]
 
     def act_one(self, query: PolicyQuery) -> np.ndarray:
-        from verl_omni.sim.collector import goal_candidates, nearest_goal
+        from verl_omni.sim.goals import goal_candidates, nearest_goal
 
         if query.call_index == 0 or query.episode_id not in self._goals:  # the pose of call 0 is the start
             plan = self.plans[query.scene_id]
