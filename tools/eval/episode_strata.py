@@ -1,0 +1,125 @@
+#!/usr/bin/env python3
+"""Success rates split by what each evaluation episode demands: goal object in the start room, in view at the
+start, in view after a turn in place.
+
+The episodes are drawn again from the same settings as the evaluation that produced the reports (held-out
+scenes synthesized from ``--seed``, ``--episodes`` round-robin, the level's task sampler and ``--goal-point``),
+exactly as ``closed_loop_eval.py --synthesize`` and ``scripts/train_stage2.py`` draw them, and matched to the
+reports' per-episode records by episode id. Reports are ``closed_loop_eval.py`` ``report.json`` files (every
+run in them) or the per-checkpoint files of ``train_stage2.py`` (``<workdir>/eval/<name>.json``).
+
+Example:
+
+    python tools/eval/episode_strata.py --level two_rooms --goal-point nearest --synthesize 40 --seed 2000 \\
+      --episodes 400 W/eval/stage2_r1.json W/eval/stage2_r1_gate.json eval_baselines/report.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from verl_omni.sim.label_args import add_goal_point_argument  # noqa: E402
+
+
+class CliError(Exception):
+    """A user error; the message says what to change."""
+
+
+def _parse(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("reports", nargs="+", type=Path, help="evaluation reports with per-episode records")
+    p.add_argument("--level", required=True, help="task level the episodes were drawn for (one_room, two_rooms, house)")
+    add_goal_point_argument(p)
+    p.add_argument("--synthesize", type=int, required=True, help="held-out scenes the evaluation synthesized")
+    p.add_argument("--seed", type=int, required=True, help="the evaluation seed")
+    p.add_argument("--episodes", type=int, required=True, help="episodes the evaluation drew")
+    p.add_argument("--metric", default="success", help="boolean per-episode field to rate (default success)")
+    p.add_argument("--output", type=Path, help="also write the rates as JSON here (refuses to overwrite)")
+    return p.parse_args(argv)
+
+
+def _runs(path: Path) -> dict[str, list[dict]]:
+    """Label -> per-episode records of one report file."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise CliError(f"{path}: cannot read the report ({e})") from e
+    # A closed_loop_eval report also has a top-level "episodes" (the specs), so its "runs" are read first.
+    if isinstance(data, dict) and isinstance(data.get("runs"), dict):
+        runs = {k: v["episodes"] for k, v in data["runs"].items() if isinstance(v, dict) and "episodes" in v}
+        if runs:
+            return runs
+    elif isinstance(data, dict) and isinstance(data.get("episodes"), list):
+        return {str(data.get("label", path.stem)): data["episodes"]}
+    raise CliError(f"{path}: no per-episode records (expected a top-level 'episodes' list or 'runs' with 'episodes')")
+
+
+def _format(rate: dict) -> str:
+    if rate["mean"] is None:
+        return "- (0)"
+    return f"{rate['mean']:.3f} [{rate['low']:.3f}, {rate['high']:.3f}] ({rate['episodes']})"
+
+
+def main(argv=None) -> int:
+    args = _parse(argv)
+    try:
+        if args.output is not None and args.output.exists():
+            raise CliError(f"--output {args.output} exists; choose a new name")
+        runs: dict[str, list[dict]] = {}
+        for path in args.reports:
+            for label, eps in _runs(path).items():
+                runs[label if label not in runs else f"{label} ({path})"] = eps
+
+        from verl_omni.sim.collector import CollectorConfig, SceneError
+        from verl_omni.sim.episode_strata import STRATA, episode_strata, stratified_rates
+        from verl_omni.sim.heldout import sample_episode_specs, synthesize_heldout_scenes
+        from verl_omni.sim.levels import get_level
+
+        try:
+            level = get_level(args.level)
+        except (KeyError, ValueError) as e:
+            raise CliError(f"--level {args.level}: {e}") from e
+        task = CollectorConfig(min_goal_distance_m=level.min_goal_distance_m, goal_point=args.goal_point)
+        try:
+            plans = synthesize_heldout_scenes(args.synthesize, args.seed, level.floorplan(), task=task)
+            specs = sample_episode_specs(plans, args.episodes, args.seed, task)
+        except (SceneError, ValueError) as e:
+            raise CliError(f"cannot draw the episodes again: {e}") from e
+        by_scene = {p.scene_id: p for p in plans}
+        strata = {s.episode_id: episode_strata(by_scene[s.scene_id], s) for s in specs}
+        for label, eps in runs.items():
+            missing = [e["episode_id"] for e in eps if e["episode_id"] not in strata]
+            if missing:
+                raise CliError(
+                    f"{label}: episode {missing[0]} is not among the {len(specs)} episodes drawn here; pass the "
+                    "--level, --goal-point, --synthesize, --seed and --episodes of that evaluation"
+                )
+        rates = {label: stratified_rates(eps, strata, args.metric) for label, eps in runs.items()}
+    except CliError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+    share = {name: sum(s[name] for s in strata.values()) / len(strata) for name in STRATA}
+    print(f"{len(specs)} episodes on `{args.level}` (goal point {args.goal_point}, seed {args.seed}); {args.metric} "
+          "by stratum, 95% Wilson intervals (episodes)\n")  # fmt: skip
+    print("| stratum (share of episodes) | " + " | ".join(f"{lab}: yes | {lab}: no" for lab in rates) + " |")
+    print("| --- |" + " --- | --- |" * len(rates))
+    for name in STRATA:
+        cells = [f"{_format(r[name]['yes'])} | {_format(r[name]['no'])}" for r in rates.values()]
+        print(f"| {name} ({share[name]:.0%}) | " + " | ".join(cells) + " |")
+    if args.output is not None:
+        payload = {"arguments": {k: str(v) for k, v in vars(args).items()}, "share": share, "rates": rates}
+        tmp = args.output.with_name(args.output.name + ".tmp")
+        tmp.write_text(json.dumps(payload, indent=1))
+        tmp.rename(args.output)
+        print(f"\nwrote {args.output}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
