@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -78,15 +80,23 @@ def test_round_cache_that_cannot_be_used_is_encoded_again(tmp_path, capsys):
     assert "belongs to another" in capsys.readouterr().out
 
 
-def test_view_head_is_saved_as_stop_gate_and_evaluated(tmp_path):
-    work = tmp_path / "s2"
+@pytest.fixture(scope="module")
+def gated_one_room(tmp_path_factory):
+    """One one_room round with the view head kept as a STOP gate, evaluated with and without it; also the init
+    checkpoint of the curriculum test (one training run serves both, to keep the suite short)."""
+    work = tmp_path_factory.mktemp("gated") / "s2"
     cmd = [sys.executable, str(REPO / "scripts/train_stage2.py"), "--workdir", str(work), "--level", "one_room",
            "--scenes", "4", "--episodes-per-scene", "1", "--rounds", "1", "--sft-steps", "2", "--batch-size", "2",
            "--eval-scenes", "1", "--eval-episodes", "2", "--probe-states", "4", "--workers", "1", "--no-progress",
-           "--skip-baselines", "--view-aux-weight", "1", "--face-goal-object", "--eval-stop-gate",
-           "--eval-stop-votes", "1", "2"]  # fmt: skip
+           "--skip-baselines", "--view-aux-weight", "1", "--face-goal-object", "--goal-point", "nearest",
+           "--eval-stop-gate", "--eval-stop-votes", "1", "2"]  # fmt: skip
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return work
+
+
+def test_view_head_is_saved_as_stop_gate_and_evaluated(gated_one_room):
+    work = gated_one_room
     ckpt = work / "ckpt" / "stage2_r0"
     manifest = json.loads((ckpt / "checkpoint_manifest.json").read_text())
     assert "stop_gate/model.safetensors" in manifest["files"]
@@ -107,7 +117,7 @@ def test_stop_gate_without_view_head_is_refused(tmp_path):
     assert not (tmp_path / "w").exists()
 
 
-def test_init_checkpoint_starts_round_0_from_another_level(tmp_path):
+def test_init_checkpoint_starts_round_0_from_another_level(tmp_path, gated_one_room):
     """A curriculum over task levels: two_rooms round 0 from a one_room checkpoint (weights, normalization, gate)."""
     import torch
 
@@ -117,11 +127,7 @@ def test_init_checkpoint_starts_round_0_from_another_level(tmp_path):
               "--eval-episodes", "2", "--probe-states", "4", "--workers", "1", "--no-progress", "--skip-baselines",
               "--view-aux-weight", "1", "--face-goal-object", "--goal-point", "nearest"]  # fmt: skip
     script = [sys.executable, str(REPO / "scripts/train_stage2.py")]
-    first = tmp_path / "one_room"
-    proc = subprocess.run([*script, "--workdir", str(first), "--level", "one_room", "--scenes", "4", "--sft-steps", "2",
-                           *common], capture_output=True, text=True, timeout=900)  # fmt: skip
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    init = first / "ckpt" / "stage2_r0"
+    init = gated_one_room / "ckpt" / "stage2_r0"
     # One step at a learning rate far below float32 resolution: the weights must come out as they went in.
     second = tmp_path / "two_rooms"
     cmd = [*script, "--workdir", str(second), "--level", "two_rooms", "--scenes", "4", "--sft-steps", "1",
