@@ -248,8 +248,10 @@ def _evaluate(policy_factory, label: str, plans, specs, out: Path, workers: int,
     t0 = time.perf_counter()
     results, _ = run_closed_loop_pool(policy_factory, plans, specs, ClosedLoopConfig(), workers, progress, label)
     agg = aggregate([r.metrics() for r in results])
+    # The specs travel with the results so that later analyses (tools/eval/episode_strata.py) can check that they
+    # draw the same episodes: ids alone (h0000_ev000, ...) repeat across seeds and levels.
     report = {"label": label, "seconds": time.perf_counter() - t0, "aggregate": agg,
-              "episodes": [r.metrics() for r in results]}  # fmt: skip
+              "episodes": [r.metrics() for r in results], "specs": [s.to_dict() for s in specs]}  # fmt: skip
     tmp = out.with_suffix(".tmp")
     tmp.write_text(json.dumps(report) + "\n")
     tmp.replace(out)

@@ -108,6 +108,8 @@ def test_view_head_is_saved_as_stop_gate_and_evaluated(gated_one_room):
     assert set(summary["evaluations"]) == {"stage2_r0", "stage2_r0_votes2", "stage2_r0_gate_votes2"}
     report = json.loads((work / "eval" / "stage2_r0_gate_votes2.json").read_text())
     assert report["aggregate"]["episodes"] == 2
+    # The episode specs travel with the results (ids alone repeat across seeds and levels).
+    assert [s["episode_id"] for s in report["specs"]] == [e["episode_id"] for e in report["episodes"]]
 
 
 def test_stop_gate_without_view_head_is_refused(tmp_path):

@@ -54,3 +54,33 @@ def test_unreadable_report_is_refused_naming_the_file(tmp_path, capsys, text):
     bad.write_text(text)
     assert _cli().main([str(bad), *ARGS]) == 2
     assert str(bad) in capsys.readouterr().err
+
+
+def _specs(seed):
+    from verl_omni.sim.collector import CollectorConfig
+    from verl_omni.sim.heldout import sample_episode_specs, synthesize_heldout_scenes
+    from verl_omni.sim.levels import get_level
+
+    level = get_level("one_room")
+    task = CollectorConfig(min_goal_distance_m=level.min_goal_distance_m, goal_point="nearest")
+    plans = synthesize_heldout_scenes(2, seed, level.floorplan(), task=task)
+    return [s.to_dict() for s in sample_episode_specs(plans, 6, seed, task)]
+
+
+def test_carried_specs_must_be_the_episodes_drawn_here(tmp_path, capsys):
+    """The same ids name other episodes under another seed: a report that carries its specs is checked."""
+    ids = [f"h{k % 2:04d}_ev{k:03d}" for k in range(6)]
+    report = _report(tmp_path / "r.json", ids)
+    data = json.loads(report.read_text())
+    for seed, code in ((7, 0), (8, 2)):  # ARGS draw with seed 7
+        data["specs"] = _specs(seed)
+        report.write_text(json.dumps(data))
+        assert _cli().main([str(report), *ARGS]) == code
+        err = capsys.readouterr().err
+        assert ("another start or goal" in err) == (code == 2) and "no episode specs" not in err
+
+
+def test_metric_that_is_not_a_boolean_field_is_refused(tmp_path, capsys):
+    report = _report(tmp_path / "r.json", [f"h{k % 2:04d}_ev{k:03d}" for k in range(6)])
+    assert _cli().main([str(report), *ARGS, "--metric", "spl"]) == 2
+    assert "'spl'" in capsys.readouterr().err

@@ -43,20 +43,43 @@ def _parse(argv=None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def _runs(path: Path) -> dict[str, list[dict]]:
-    """Label -> per-episode records of one report file."""
+def _runs(path: Path) -> tuple[dict[str, list[dict]], list[dict] | None]:
+    """Label -> per-episode records of one report file, and the episode specs it carries (None if it has none)."""
     try:
         data = json.loads(path.read_text())
     except (OSError, json.JSONDecodeError) as e:
         raise CliError(f"{path}: cannot read the report ({e})") from e
-    # A closed_loop_eval report also has a top-level "episodes" (the specs), so its "runs" are read first.
+    # A closed_loop_eval report has the specs at the top ("episodes") and the records under "runs"; a train_stage2
+    # report has the records at the top and the specs under "specs" (reports before 2026-12-02 have none).
     if isinstance(data, dict) and isinstance(data.get("runs"), dict):
         runs = {k: v["episodes"] for k, v in data["runs"].items() if isinstance(v, dict) and "episodes" in v}
         if runs:
-            return runs
+            return runs, data.get("episodes")
     elif isinstance(data, dict) and isinstance(data.get("episodes"), list):
-        return {str(data.get("label", path.stem)): data["episodes"]}
+        return {str(data.get("label", path.stem)): data["episodes"]}, data.get("specs")
     raise CliError(f"{path}: no per-episode records (expected a top-level 'episodes' list or 'runs' with 'episodes')")
+
+
+def _check_specs(path: Path, carried: list[dict] | None, drawn: dict) -> bool:
+    """Whether the report's own specs are the episodes drawn here (same start and goal); False if it has none.
+
+    Raises:
+        CliError: a carried spec differs from the one drawn under the same id.
+    """
+    if not carried:
+        return False
+    for spec in carried:
+        mine = drawn.get(spec.get("episode_id"))
+        same = mine is not None and all(
+            abs(float(a) - float(b)) < 1e-6
+            for a, b in zip([*spec["start_pose"], *spec["goal"]], [*mine.start_pose, *mine.goal], strict=True)
+        )
+        if not same:
+            raise CliError(
+                f"{path}: episode {spec.get('episode_id')} has another start or goal than the one drawn here; pass "
+                "the --level, --goal-point, --synthesize, --seed and --episodes of that evaluation"
+            )
+    return True
 
 
 def _format(rate: dict) -> str:
@@ -71,9 +94,18 @@ def main(argv=None) -> int:
         if args.output is not None and args.output.exists():
             raise CliError(f"--output {args.output} exists; choose a new name")
         runs: dict[str, list[dict]] = {}
+        carried: dict[Path, list[dict] | None] = {}
         for path in args.reports:
-            for label, eps in _runs(path).items():
+            found, carried[path] = _runs(path)
+            for label, eps in found.items():
                 runs[label if label not in runs else f"{label} ({path})"] = eps
+        for label, eps in runs.items():
+            bad = next((e for e in eps if not isinstance(e.get(args.metric), bool)), None)
+            if bad is not None:
+                raise CliError(
+                    f"{label}: episode {bad.get('episode_id')} has no boolean field {args.metric!r}; pick --metric "
+                    "among success, oracle_success, collided, premature_stop"
+                )
 
         from verl_omni.sim.collector import CollectorConfig, SceneError
         from verl_omni.sim.episode_strata import STRATA, episode_strata, stratified_rates
@@ -90,8 +122,15 @@ def main(argv=None) -> int:
             specs = sample_episode_specs(plans, args.episodes, args.seed, task)
         except (SceneError, ValueError) as e:
             raise CliError(f"cannot draw the episodes again: {e}") from e
+        drawn = {s.episode_id: s for s in specs}
+        for path, own in carried.items():
+            if not _check_specs(path, own, drawn):
+                print(f"note: {path} carries no episode specs; matched by episode id only", file=sys.stderr)
         by_scene = {p.scene_id: p for p in plans}
-        strata = {s.episode_id: episode_strata(by_scene[s.scene_id], s) for s in specs}
+        try:
+            strata = {s.episode_id: episode_strata(by_scene[s.scene_id], s) for s in specs}
+        except ValueError as e:
+            raise CliError(str(e)) from e
         for label, eps in runs.items():
             missing = [e["episode_id"] for e in eps if e["episode_id"] not in strata]
             if missing:
