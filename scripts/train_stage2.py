@@ -114,6 +114,24 @@ def build_parser() -> argparse.ArgumentParser:
         "head sees the named object within the expert's stopping distance), with the largest --eval-stop-votes; "
         "needs --view-aux-weight > 0",
     )
+    p.add_argument(
+        "--eval-rounds",
+        type=int,
+        nargs="*",
+        default=None,
+        help="rounds evaluated in closed loop and probed (default: every round; the flag alone: none); an unlisted "
+        "round keeps the reports an earlier call wrote, so a run split over several GPU calls spends its device time "
+        "on the rounds that matter",
+    )
+    p.add_argument(
+        "--matmul-precision",
+        choices=("highest", "high", "medium"),
+        default="high",
+        help="torch.set_float32_matmul_precision while a round encodes and trains: 'high' lets CUDA float32 matmuls "
+        "use TF32 tensor cores (default; several times faster on Ampere and Hopper, about 1e-3 relative rounding), "
+        "'highest' keeps full float32; evaluation and DAgger driving always run at full float32 (their numbers do "
+        "not depend on this flag or on how many processes drive); no effect on CPU",
+    )
     p.add_argument("--probe-states", type=int, default=256, help="held-out states of the open-loop probes (256)")
     p.add_argument("--seed", type=int, default=0, help="seed of data, SFT and DAgger draws (default 0)")
     p.add_argument("--device", default="cpu", help="torch device (default cpu)")
@@ -274,6 +292,9 @@ def _check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> No
         args.drive_workers = args.workers
     if args.drive_workers < 1:
         parser.error(f"--drive-workers must be >= 1, got {args.drive_workers}")
+    if args.eval_rounds is not None and not all(0 <= r < args.rounds for r in args.eval_rounds):
+        parser.error(f"--eval-rounds must name rounds in 0..{args.rounds - 1} (--rounds {args.rounds}), got "
+                     f"{args.eval_rounds}")  # fmt: skip
     if min(args.eval_stop_votes) < 1:
         parser.error(f"--eval-stop-votes must be >= 1, got {args.eval_stop_votes}")
     if args.init_checkpoint is not None:
@@ -366,6 +387,61 @@ def _load_round_cache(cache: Path, ckpt: Path) -> RoundState | None:
     return state
 
 
+ENCODED_SUFFIX = ".encoded.pt"
+
+
+def _file_digest(path: Path) -> str:
+    import hashlib
+
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _save_encoded_cache(data: Path, source: dict, model, rows, state: RoundState) -> None:
+    """Writes a round's encoded rows before its SFT starts (temporary name, then rename).
+
+    A GPU call that runs out of time during SFT then costs the next call only the SFT, not the decoding and
+    encoding again. The model's own state goes with the rows: a fresh round-0 model fits its latent statistics and
+    action normalization while encoding, and its random initialisation must be the one the rows were encoded with.
+    """
+    import torch
+
+    out = data.with_name(data.name + ENCODED_SUFFIX)
+    tmp = out.with_name(out.name + ".partial")
+    torch.save({"source": source, "model_state": {k: v.cpu() for k, v in model.state_dict().items()},
+                "latents": (model.latents_mean.flatten().tolist(), model.latents_std.flatten().tolist()),
+                "action_normalization": model.action_normalization, "rows": rows.to("cpu"),
+                "heldout_rows": None if state.heldout_rows is None else state.heldout_rows.to("cpu"),
+                "probe_examples": state.probe_examples, "mean_actions": state.mean_actions}, tmp)  # fmt: skip
+    tmp.replace(out)
+
+
+def _load_encoded_cache(data: Path, source: dict, model, device: str):
+    """``(rows, heldout_rows, probe_examples, mean_actions)`` of an earlier call, restoring ``model``'s state, or None.
+
+    None when there is no cache or it was encoded by another model or from another collection (``source``).
+    """
+    import torch
+
+    path = data.with_name(data.name + ENCODED_SUFFIX)
+    if not path.is_file():
+        return None
+    # Our own file (_save_encoded_cache in this run folder); it holds dataclasses, so not weights_only.
+    try:
+        saved = torch.load(path, map_location="cpu", weights_only=False)
+    except Exception as e:  # truncated or from another version of this script: encode again
+        _log(f"{path}: unreadable ({type(e).__name__}: {e}); encoding again")
+        return None
+    if saved.get("source") != source:
+        _log(f"{path.name} was encoded by another model or from another collection; encoding again")
+        return None
+    model.load_state_dict(saved["model_state"])
+    model.set_latent_statistics(*saved["latents"])
+    model.action_normalization = saved["action_normalization"]
+    model.to(device)
+    held = saved["heldout_rows"]
+    return saved["rows"].to(device), held, saved["probe_examples"], saved["mean_actions"]
+
+
 def _train_round(args, config, rnd: int, data: Path, ckpt: Path, state: RoundState, train_encoders, progress: bool,
                  timings: dict) -> RoundState:  # fmt: skip
     """Decodes and encodes round ``rnd``'s collection, aggregates it with the earlier rows and trains (SFT).
@@ -378,32 +454,42 @@ def _train_round(args, config, rnd: int, data: Path, ckpt: Path, state: RoundSta
 
     t0 = time.perf_counter()
     state = dataclasses.replace(state)
-    ids = list_episode_ids(data)
-    if rnd == 0:
-        train_ids, held_ids = sft.split_episode_ids(ids, 0.05, args.seed)
-    else:
-        train_ids = ids
-    _log(f"round {rnd}: decoding and encoding {len(train_ids)} episodes")
     if ckpt.is_dir():  # resumed: encode with the round's saved weights (its encoders, statistics, normalization)
-        model = load_wnm_checkpoint(ckpt, device=args.device)
+        model, source = load_wnm_checkpoint(ckpt, device=args.device), {"checkpoint": _checkpoint_digest(ckpt)}
     elif rnd == 0 and args.init_checkpoint is not None:  # a curriculum: go on from another run's checkpoint
         model = load_wnm_checkpoint(args.init_checkpoint, device=args.device)
+        source = {"init_checkpoint": _checkpoint_digest(args.init_checkpoint)}
     elif rnd == 0:
-        model = WNMModel(config).to(args.device)
+        model, source = WNMModel(config).to(args.device), {"fresh": config.to_dict(), "seed": args.seed}
     else:
-        model = load_wnm_checkpoint(ckpt.with_name(f"stage2_r{rnd - 1}"), device=args.device)
-    fresh = rnd == 0 and not ckpt.is_dir() and args.init_checkpoint is None  # fit statistics only for a new model
-    stream = sft.iter_expert_examples(data, config.history_frames, config.image_size, progress, args.workers,
-                                      episode_ids=train_ids)  # fmt: skip
-    rows = sft.encode_examples(model, stream, batch=64, progress=progress,
-                               calibrate=fresh and config.vae_kind == "tiny", fit_normalization=fresh)  # fmt: skip
-    if rnd == 0:
-        held_ex = sft.load_expert_examples(data, config.history_frames, config.image_size, False, args.workers,
-                                           episode_ids=held_ids)  # fmt: skip
-        state.heldout_rows = sft.encode_examples(model, held_ex, batch=64, progress=progress)
-        state.probe_examples = sft.subsample(held_ex, args.probe_states)
-        state.mean_actions = model.action_normalization.denormalize(rows.actions.double()).mean(0).cpu().numpy()
-        del held_ex
+        previous = ckpt.with_name(f"stage2_r{rnd - 1}")
+        model, source = load_wnm_checkpoint(previous, device=args.device), {"checkpoint": _checkpoint_digest(previous)}
+    source["collection"] = _file_digest(data / "collection.json")
+    encoded = _load_encoded_cache(data, source, model, args.device) if not ckpt.is_dir() else None
+    if encoded is not None:  # an earlier call encoded this round and stopped during SFT
+        rows, state.heldout_rows, state.probe_examples, state.mean_actions = encoded
+        _log(f"round {rnd}: reusing {rows.examples} encoded states ({data.name}{ENCODED_SUFFIX})")
+    else:
+        ids = list_episode_ids(data)
+        if rnd == 0:
+            train_ids, held_ids = sft.split_episode_ids(ids, 0.05, args.seed)
+        else:
+            train_ids = ids
+        _log(f"round {rnd}: decoding and encoding {len(train_ids)} episodes")
+        fresh = rnd == 0 and not ckpt.is_dir() and args.init_checkpoint is None  # fit statistics only for a new model
+        stream = sft.iter_expert_examples(data, config.history_frames, config.image_size, progress, args.workers,
+                                          episode_ids=train_ids)  # fmt: skip
+        rows = sft.encode_examples(model, stream, batch=64, progress=progress,
+                                   calibrate=fresh and config.vae_kind == "tiny", fit_normalization=fresh)  # fmt: skip
+        if rnd == 0:
+            held_ex = sft.load_expert_examples(data, config.history_frames, config.image_size, False, args.workers,
+                                               episode_ids=held_ids)  # fmt: skip
+            state.heldout_rows = sft.encode_examples(model, held_ex, batch=64, progress=progress)
+            state.probe_examples = sft.subsample(held_ex, args.probe_states)
+            state.mean_actions = model.action_normalization.denormalize(rows.actions.double()).mean(0).cpu().numpy()
+            del held_ex
+        if not ckpt.is_dir():
+            _save_encoded_cache(data, source, model, rows, state)
     if state.accumulated is None:
         train_all = rows
     else:
@@ -549,7 +635,8 @@ def main(argv: list[str] | None = None) -> int:
     state = RoundState()
     train_encoders = () if args.train_encoders == "none" else tuple(args.train_encoders.split(","))
     prev_ckpt: Path | None = None
-    probes = {}
+    # Probes of rounds an earlier call measured stay in the summary when --eval-rounds skips them now.
+    probes = json.loads((work / "probes.json").read_text()) if (work / "probes.json").is_file() else {}
     for rnd in range(args.rounds):
         data = work / "data" / f"r{rnd}"
         t0 = time.perf_counter()
@@ -596,10 +683,23 @@ def main(argv: list[str] | None = None) -> int:
             state = cached
             _log(f"round {rnd}: reusing {ckpt.name} and its {state.accumulated.examples} encoded states ({cache.name})")
         else:
-            state = _train_round(args, config, rnd, data, ckpt, state, train_encoders, progress, timings)
+            torch.set_float32_matmul_precision(args.matmul_precision)
+            try:
+                state = _train_round(args, config, rnd, data, ckpt, state, train_encoders, progress, timings)
+            finally:  # evaluation and DAgger driving below stay at full float32
+                torch.set_float32_matmul_precision("highest")
             _save_round_cache(cache, ckpt, state)
+            data.with_name(data.name + ENCODED_SUFFIX).unlink(missing_ok=True)  # the round cache holds it now
         timings[f"r{rnd}_sft_s"] = time.perf_counter() - t0 - timings.get(f"r{rnd}_load_s", 0.0)
 
+        prev_ckpt = ckpt
+        if args.eval_rounds is not None and rnd not in args.eval_rounds:  # keep what an earlier call measured
+            kept = [r for r in sorted((work / "eval").glob(f"{ckpt.name}*.json"))
+                    if r.stem == ckpt.name or r.stem.startswith(f"{ckpt.name}_")]  # fmt: skip
+            for report in kept:
+                evals[report.stem] = json.loads(report.read_text())["aggregate"]
+            _log(f"round {rnd}: not in --eval-rounds; {len(kept)} earlier report(s) kept, no new evaluation or probe")
+            continue
         t0 = time.perf_counter()
         factory = functools.partial(WNMPolicy.from_checkpoint, ckpt, device=args.device, name=ckpt.name)
         policy = factory()  # the probes below need it here; one drive worker reuses it
@@ -623,7 +723,6 @@ def main(argv: list[str] | None = None) -> int:
         probes[ckpt.name] = probe_policy(policy, state.probe_examples, state.mean_actions)
         _log(f"probe {ckpt.name}:\n{format_probe_table(probes[ckpt.name])}")
         timings[f"r{rnd}_eval_s"] = time.perf_counter() - t0
-        prev_ckpt = ckpt
         del policy
         if args.device.startswith("cuda"):
             torch.cuda.empty_cache()

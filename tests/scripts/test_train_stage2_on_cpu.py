@@ -156,3 +156,63 @@ def test_init_checkpoint_starts_round_0_from_another_level(tmp_path, gated_one_r
                               timeout=120)  # fmt: skip
         assert proc.returncode == 2 and needle in proc.stderr, proc.stderr
     assert not (tmp_path / "w").exists()
+
+
+def test_call_stopped_during_sft_resumes_from_its_encoded_rows(tmp_path, capsys):
+    """A GPU call cut off during SFT: the next call skips decoding and encoding and trains the same model.
+
+    The uninterrupted run of the same flags is the reference: on CPU, with the same seeds, the resumed run must
+    produce the same transformer weights bit for bit (the fresh model's random init, latent statistics and action
+    normalization come back from the cache with the rows).
+    """
+    import runpy
+
+    import torch
+
+    from verl_omni.models.wnm import sft
+    from verl_omni.models.wnm.checkpoint import read_state_dict
+
+    ns = runpy.run_path(str(REPO / "scripts/train_stage2.py"), run_name="train_stage2")
+    flags = ["--level", "one_room", "--scenes", "2", "--episodes-per-scene", "1", "--rounds", "1", "--sft-steps", "2",
+             "--batch-size", "2", "--eval-scenes", "1", "--eval-episodes", "2", "--probe-states", "4", "--workers",
+             "1", "--no-progress", "--skip-baselines", "--eval-rounds"]  # fmt: skip
+    reference, resumed = tmp_path / "reference", tmp_path / "resumed"
+    (resumed / "data").mkdir(parents=True)
+    assert ns["main"](["--workdir", str(reference), *flags]) == 0
+    # The same collection in both folders (synthesis is seeded; copying it keeps the test short).
+    import shutil
+
+    for name in ("r0", "r0_occ"):
+        shutil.copytree(reference / "data" / name, resumed / "data" / name)
+
+    def cut_off(*args, **kwargs):
+        raise KeyboardInterrupt("the call's time limit")
+
+    real = sft.train_sft
+    sft.train_sft = cut_off
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            ns["main"](["--workdir", str(resumed), *flags])
+    finally:
+        sft.train_sft = real
+    assert (resumed / "data" / "r0.encoded.pt").is_file() and not (resumed / "ckpt" / "stage2_r0").exists()
+    capsys.readouterr()
+    assert ns["main"](["--workdir", str(resumed), *flags]) == 0
+    out = capsys.readouterr().out
+    assert "reusing" in out and "encoded states (r0.encoded.pt)" in out and "decoding and encoding" not in out
+    assert not (resumed / "data" / "r0.encoded.pt").exists()  # the round cache holds the rows now
+    a = read_state_dict(reference / "ckpt" / "stage2_r0" / "transformer")
+    b = read_state_dict(resumed / "ckpt" / "stage2_r0" / "transformer")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    # --eval-rounds given alone: no closed-loop evaluation and no probe were run.
+    summary = json.loads((resumed / "summary.json").read_text())
+    assert summary["evaluations"] == {} and summary["probes"] == {}
+    assert not list((resumed / "eval").glob("*.json"))
+
+
+def test_eval_rounds_must_name_existing_rounds(tmp_path):
+    cmd = [sys.executable, str(REPO / "scripts/train_stage2.py"), "--workdir", str(tmp_path / "w"), "--rounds", "2",
+           "--eval-rounds", "2"]  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "--eval-rounds" in proc.stderr and "0..1" in proc.stderr, proc.stderr
+    assert not (tmp_path / "w").exists()
