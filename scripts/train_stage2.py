@@ -143,6 +143,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="processes driving closed-loop episodes (evaluation, DAgger), each with its own policy copy "
         "(default: --workers)",
     )
+    p.add_argument(
+        "--synthesize-only",
+        action="store_true",
+        help="write the round-0 collection (data/r0) and exit: lets a curriculum synthesize the next level on spare "
+        "cores while the GPU trains the current one (scripts/stage2_curriculum.sh)",
+    )
     p.add_argument("--skip-baselines", action="store_true", help="do not evaluate the scripted baselines here")
     p.add_argument("--no-progress", action="store_true", help="disable progress bars")
     return p
@@ -616,6 +622,10 @@ def main(argv: list[str] | None = None) -> int:
 
         config = load_wnm_checkpoint(args.init_checkpoint).config
     args.image_size = list(config.image_size)
+    if args.synthesize_only:
+        _synthesize(args, work / "data" / "r0")
+        _log(f"--synthesize-only: {work / 'data' / 'r0'} is ready; no training or evaluation")
+        return 0
     t_start = time.perf_counter()
     timings: dict[str, float] = {}
 

@@ -216,3 +216,32 @@ def test_eval_rounds_must_name_existing_rounds(tmp_path):
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and "--eval-rounds" in proc.stderr and "0..1" in proc.stderr, proc.stderr
     assert not (tmp_path / "w").exists()
+
+
+def test_curriculum_script_runs_one_room_then_two_rooms_from_it(tmp_path):
+    """scripts/stage2_curriculum.sh at its smallest: both levels' collections, one_room round 0, then a two_rooms
+    round 0 whose provenance names the one_room checkpoint; a rerun reuses everything."""
+    import os
+
+    run = tmp_path / "cur"
+    env = {**os.environ, "DEVICE": "cpu", "WORKERS": "1", "SYN_WORKERS": "1", "ONE_ROOM_SCENES": "2",
+           "TWO_ROOMS_SCENES": "2", "ROUNDS": "1", "ONE_ROOM_STEPS": "1", "TWO_ROOMS_STEPS": "1",
+           "PYTHON": sys.executable}  # fmt: skip
+    tiny = ["--episodes-per-scene", "1", "--goal-variants", "1", "--batch-size", "2", "--eval-scenes", "1",
+            "--eval-episodes", "2", "--probe-states", "4"]  # fmt: skip
+    cmd = ["bash", str(REPO / "scripts/stage2_curriculum.sh"), str(run), *tiny]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    for level, rooms in (("one_room", 1), ("two_rooms", 2)):
+        meta = json.loads((run / level / "data" / "r0" / "collection.json").read_text())
+        assert meta["generator"]["floorplan"]["max_rooms"] == rooms
+    manifest = json.loads((run / "two_rooms" / "ckpt" / "stage2_r0" / "checkpoint_manifest.json").read_text())
+    init = manifest["provenance"]["init_checkpoint"]
+    assert init["path"] == str(run / "one_room" / "ckpt" / "stage2_r0")
+    one_room = run / "one_room" / "ckpt" / "stage2_r0" / "checkpoint_manifest.json"
+    assert init["manifest_sha256"] == hashlib.sha256(one_room.read_bytes()).hexdigest()
+    summary = json.loads((run / "two_rooms" / "summary.json").read_text())
+    assert set(summary["evaluations"]) == {"stage2_r0", "stage2_r0_gate"}
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "decoding and encoding" not in proc.stdout and proc.stdout.count("reusing") >= 3

@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# Stage II on `two_rooms` from one command: a one_room round 0, then two_rooms rounds that start from it.
+#
+#   bash scripts/stage2_curriculum.sh RUN_DIR [extra train_stage2.py flags for every step]
+#
+# Steps (each one reuses what an earlier call finished, so the command resumes where it was cut off, e.g. on a GPU
+# machine that gives 10 minutes a call; a round cut off during SFT keeps its encoded rows):
+#   1. the one_room round-0 collection;
+#   2. the two_rooms round-0 collection, in the background on SYN_WORKERS cores, while
+#   3. the one_room round 0 trains on the GPU and is evaluated;
+#   4. two_rooms rounds 0..ROUNDS-1 from the one_room checkpoint (--init-checkpoint), DAgger from round 1,
+#      each evaluated with and without the STOP gate on the held-out episodes.
+#
+# Settings (environment): DEVICE (cuda), WORKERS (all cores), SYN_WORKERS (WORKERS - 4), ONE_ROOM_SCENES (200),
+# TWO_ROOMS_SCENES (800), ROUNDS (2), DAGGER_SCENES (200), ONE_ROOM_STEPS (2000), TWO_ROOMS_STEPS (2000),
+# ROUND_STEPS (1500), EVAL_SEED (2000), SEED (0). Extra flags go to every train_stage2.py call after the recipe's
+# own, so they override it (e.g. --eval-episodes 100). The recipe is the one docs/results.md reports (session 11:
+# one H200, 8-layer x 256 model, goal point `nearest`, batch 128 on one_room and 256 on two_rooms).
+set -euo pipefail
+if [ $# -lt 1 ]; then
+  echo "usage: bash scripts/stage2_curriculum.sh RUN_DIR [extra train_stage2.py flags]" >&2
+  exit 2
+fi
+RUN=$1
+shift
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python}
+DEVICE=${DEVICE:-cuda}
+WORKERS=${WORKERS:-$(nproc)}
+SYN_WORKERS=${SYN_WORKERS:-$((WORKERS > 5 ? WORKERS - 4 : 1))}
+ONE_ROOM_SCENES=${ONE_ROOM_SCENES:-200}
+TWO_ROOMS_SCENES=${TWO_ROOMS_SCENES:-800}
+ROUNDS=${ROUNDS:-2}
+DAGGER_SCENES=${DAGGER_SCENES:-200}
+EVAL_SEED=${EVAL_SEED:-2000}
+SEED=${SEED:-0}
+ONE_ROOM_STEPS=${ONE_ROOM_STEPS:-2000}
+TWO_ROOMS_STEPS=${TWO_ROOMS_STEPS:-2000}
+ROUND_STEPS=${ROUND_STEPS:-1500}
+
+TASK=(--episodes-per-scene 4 --goal-variants 3 --face-goal-object --goal-point nearest --seed "$SEED")
+COMMON=("${TASK[@]}" --device "$DEVICE" --lr 5e-4 --eval-scenes 40 --eval-episodes 400 --eval-seed "$EVAL_SEED"
+  --probe-states 256 --skip-baselines --view-aux-weight 1 --independent-action-noise 0.5 --no-progress)
+MODEL=(--set num_layers=8 --set num_heads=8 --set ffn_dim=1024 --set text_max_length=64)
+ONE=(--workdir "$RUN/one_room" --level one_room --scenes "$ONE_ROOM_SCENES")
+TWO=(--workdir "$RUN/two_rooms" --level two_rooms --scenes "$TWO_ROOMS_SCENES")
+
+stamp() { echo "[curriculum $(date +%H:%M:%S)] $*"; }
+
+stamp "1/4 one_room collection ($ONE_ROOM_SCENES scenes)"
+"$PY" scripts/train_stage2.py "${ONE[@]}" "${MODEL[@]}" "${COMMON[@]}" --workers "$WORKERS" --synthesize-only "$@"
+
+stamp "2/4 two_rooms collection ($TWO_ROOMS_SCENES scenes) in the background on $SYN_WORKERS cores"
+"$PY" scripts/train_stage2.py "${TWO[@]}" "${MODEL[@]}" "${COMMON[@]}" --workers "$SYN_WORKERS" --synthesize-only \
+  "$@" > "$RUN.two_rooms_synthesis.log" 2>&1 &
+SYN=$!
+trap 'kill $SYN 2>/dev/null || true' EXIT
+
+stamp "3/4 one_room round 0 ($ONE_ROOM_STEPS SFT steps of 128 rows)"
+"$PY" scripts/train_stage2.py "${ONE[@]}" "${MODEL[@]}" "${COMMON[@]}" --workers "$WORKERS" --rounds 1 \
+  --sft-steps "$ONE_ROOM_STEPS" --batch-size 128 "$@"
+if ! wait $SYN; then
+  echo "two_rooms synthesis failed; its log: $RUN.two_rooms_synthesis.log" >&2
+  tail -20 "$RUN.two_rooms_synthesis.log" >&2
+  exit 1
+fi
+trap - EXIT
+
+stamp "4/4 two_rooms rounds 0..$((ROUNDS - 1)) from the one_room checkpoint"
+"$PY" scripts/train_stage2.py "${TWO[@]}" "${COMMON[@]}" --workers "$WORKERS" --rounds "$ROUNDS" \
+  --sft-steps "$TWO_ROOMS_STEPS" --round-steps "$ROUND_STEPS" --batch-size 256 --dagger-scenes "$DAGGER_SCENES" \
+  --eval-stop-gate --init-checkpoint "$RUN/one_room/ckpt/stage2_r0" "$@"
+stamp "done: $RUN/two_rooms/summary.md"
