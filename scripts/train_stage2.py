@@ -393,6 +393,25 @@ def _load_round_cache(cache: Path, ckpt: Path) -> RoundState | None:
     return state
 
 
+def _timed(iterable, timings: dict, key: str):
+    """Yields from ``iterable``, adding the seconds spent waiting for each item to ``timings[key]``.
+
+    Tells a slow encoding pass apart: waiting here is decoding (worker processes and the transfer of their frames);
+    the rest of the pass is the encoders.
+    """
+    timings[key] = 0.0
+    it = iter(iterable)
+    while True:
+        t0 = time.perf_counter()
+        try:
+            item = next(it)
+        except StopIteration:
+            timings[key] += time.perf_counter() - t0
+            return
+        timings[key] += time.perf_counter() - t0
+        yield item
+
+
 ENCODED_SUFFIX = ".encoded.pt"
 
 
@@ -483,10 +502,17 @@ def _train_round(args, config, rnd: int, data: Path, ckpt: Path, state: RoundSta
             train_ids = ids
         _log(f"round {rnd}: decoding and encoding {len(train_ids)} episodes")
         fresh = rnd == 0 and not ckpt.is_dir() and args.init_checkpoint is None  # fit statistics only for a new model
-        stream = sft.iter_expert_examples(data, config.history_frames, config.image_size, progress, args.workers,
-                                          episode_ids=train_ids)  # fmt: skip
+        stream = _timed(
+            sft.iter_expert_examples(
+                data, config.history_frames, config.image_size, progress, args.workers, episode_ids=train_ids
+            ),
+            timings,
+            f"r{rnd}_decode_wait_s",
+        )
         rows = sft.encode_examples(model, stream, batch=64, progress=progress,
                                    calibrate=fresh and config.vae_kind == "tiny", fit_normalization=fresh)  # fmt: skip
+        _log(f"round {rnd}: {rows.examples} states encoded; {timings[f'r{rnd}_decode_wait_s']:.0f}s of it waiting "
+             f"for decoded episodes ({args.workers} workers), the rest in the encoders")  # fmt: skip
         if rnd == 0:
             held_ex = sft.load_expert_examples(data, config.history_frames, config.image_size, False, args.workers,
                                                episode_ids=held_ids)  # fmt: skip
