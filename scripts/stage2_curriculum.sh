@@ -13,8 +13,9 @@
 #
 # Settings (environment): DEVICE (cuda), WORKERS (all cores), SYN_WORKERS (WORKERS - 4), ONE_ROOM_SCENES (200),
 # TWO_ROOMS_SCENES (800), ROUNDS (2), DAGGER_SCENES (200), ONE_ROOM_STEPS (2000), TWO_ROOMS_STEPS (2000),
-# ROUND_STEPS (1500), EVAL_SEED (2000), SEED (0). Extra flags go to every train_stage2.py call after the recipe's
-# own, so they override it (e.g. --eval-episodes 100). The recipe is the one docs/results.md reports (session 11:
+# ROUND_STEPS (1500), EVAL_SEED (2000), SEED (0), STAGE2_MODEL (the model's --set flags; default the 8-layer x 256
+# model below). Extra flags go to every train_stage2.py call after the recipe's own, so they override it (e.g.
+# --eval-episodes 100). The recipe is the one docs/results.md reports (session 11:
 # one H200, 8-layer x 256 model, goal point `nearest`, batch 128 on one_room and 256 on two_rooms).
 set -euo pipefail
 if [ $# -lt 1 ]; then
@@ -41,7 +42,8 @@ ROUND_STEPS=${ROUND_STEPS:-1500}
 TASK=(--episodes-per-scene 4 --goal-variants 3 --face-goal-object --goal-point nearest --seed "$SEED")
 COMMON=("${TASK[@]}" --device "$DEVICE" --lr 5e-4 --eval-scenes 40 --eval-episodes 400 --eval-seed "$EVAL_SEED"
   --probe-states 256 --skip-baselines --view-aux-weight 1 --independent-action-noise 0.5 --no-progress)
-MODEL=(--set num_layers=8 --set num_heads=8 --set ffn_dim=1024 --set text_max_length=64)
+# shellcheck disable=SC2206  # word splitting of STAGE2_MODEL is intended
+MODEL=(${STAGE2_MODEL:---set num_layers=8 --set num_heads=8 --set ffn_dim=1024 --set text_max_length=64})
 ONE=(--workdir "$RUN/one_room" --level one_room --scenes "$ONE_ROOM_SCENES")
 TWO=(--workdir "$RUN/two_rooms" --level two_rooms --scenes "$TWO_ROOMS_SCENES")
 

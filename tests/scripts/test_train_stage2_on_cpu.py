@@ -226,7 +226,7 @@ def test_curriculum_script_runs_one_room_then_two_rooms_from_it(tmp_path):
     run = tmp_path / "cur"
     env = {**os.environ, "DEVICE": "cpu", "WORKERS": "1", "SYN_WORKERS": "1", "ONE_ROOM_SCENES": "2",
            "TWO_ROOMS_SCENES": "2", "ROUNDS": "1", "ONE_ROOM_STEPS": "1", "TWO_ROOMS_STEPS": "1",
-           "PYTHON": sys.executable}  # fmt: skip
+           "PYTHON": sys.executable, "STAGE2_MODEL": "--set num_layers=1 --set text_max_length=64"}  # fmt: skip
     tiny = ["--episodes-per-scene", "1", "--goal-variants", "1", "--batch-size", "2", "--eval-scenes", "1",
             "--eval-episodes", "2", "--probe-states", "4"]  # fmt: skip
     cmd = ["bash", str(REPO / "scripts/stage2_curriculum.sh"), str(run), *tiny]
