@@ -412,7 +412,8 @@ def _timed(iterable, timings: dict, key: str):
         yield item
 
 
-ENCODED_SUFFIX = ".encoded.pt"
+ENCODED_SUFFIX = ".encoded"
+SHARD_EPISODES = 1000  # episodes per saved part of a round's encoding (about 6,000 states, 1 GB on two_rooms)
 
 
 def _file_digest(path: Path) -> str:
@@ -421,50 +422,88 @@ def _file_digest(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def _save_encoded_cache(data: Path, source: dict, model, rows, state: RoundState) -> None:
-    """Writes a round's encoded rows before its SFT starts (temporary name, then rename).
+class _EncodeCache:
+    """A round's encoded rows on disk while the round is in progress: ``data/r<k>.encoded/``.
 
-    A GPU call that runs out of time during SFT then costs the next call only the SFT, not the decoding and
-    encoding again. The model's own state goes with the rows: a fresh round-0 model fits its latent statistics and
-    action normalization while encoding, and its random initialisation must be the one the rows were encoded with.
+    The training episodes are encoded in parts of :data:`SHARD_EPISODES` (one part when the model is fresh: it fits
+    its latent statistics and action normalization over all of them), each saved as it finishes (temporary name,
+    then rename), then ``rest.pt`` (the held-out rows of round 0) marks the encoding complete. A call cut off while
+    encoding or during SFT costs the next one only what was not saved. ``source.json`` names the model and the
+    collection the rows come from; a folder from another source is removed.
     """
-    import torch
 
-    out = data.with_name(data.name + ENCODED_SUFFIX)
-    tmp = out.with_name(out.name + ".partial")
-    torch.save({"source": source, "model_state": {k: v.cpu() for k, v in model.state_dict().items()},
-                "latents": (model.latents_mean.flatten().tolist(), model.latents_std.flatten().tolist()),
-                "action_normalization": model.action_normalization, "rows": rows.to("cpu"),
-                "heldout_rows": None if state.heldout_rows is None else state.heldout_rows.to("cpu"),
-                "probe_examples": state.probe_examples, "mean_actions": state.mean_actions}, tmp)  # fmt: skip
-    tmp.replace(out)
+    def __init__(self, root: Path, source: dict) -> None:
+        import shutil
 
+        self.root = root
+        meta = root / "source.json"
+        if root.is_dir() and not (meta.is_file() and json.loads(meta.read_text()) == source):
+            _log(f"{root.name} was encoded by another model or from another collection; encoding again")
+            shutil.rmtree(root)
+        if not root.is_dir():
+            tmp = root.with_name(root.name + ".partial")
+            if tmp.exists():
+                shutil.rmtree(tmp)
+            tmp.mkdir(parents=True)
+            (tmp / "source.json").write_text(json.dumps(source, sort_keys=True) + "\n")
+            tmp.replace(root)
 
-def _load_encoded_cache(data: Path, source: dict, model, device: str):
-    """``(rows, heldout_rows, probe_examples, mean_actions)`` of an earlier call, restoring ``model``'s state, or None.
+    def _save(self, name: str, obj: dict) -> None:
+        import torch
 
-    None when there is no cache or it was encoded by another model or from another collection (``source``).
-    """
-    import torch
+        tmp = self.root / (name + ".partial")
+        torch.save(obj, tmp)
+        tmp.replace(self.root / name)
 
-    path = data.with_name(data.name + ENCODED_SUFFIX)
-    if not path.is_file():
-        return None
-    # Our own file (_save_encoded_cache in this run folder); it holds dataclasses, so not weights_only.
-    try:
-        saved = torch.load(path, map_location="cpu", weights_only=False)
-    except Exception as e:  # truncated or from another version of this script: encode again
-        _log(f"{path}: unreadable ({type(e).__name__}: {e}); encoding again")
-        return None
-    if saved.get("source") != source:
-        _log(f"{path.name} was encoded by another model or from another collection; encoding again")
-        return None
-    model.load_state_dict(saved["model_state"])
-    model.set_latent_statistics(*saved["latents"])
-    model.action_normalization = saved["action_normalization"]
-    model.to(device)
-    held = saved["heldout_rows"]
-    return saved["rows"].to(device), held, saved["probe_examples"], saved["mean_actions"]
+    def _load(self, name: str) -> dict | None:
+        import torch
+
+        path = self.root / name
+        if not path.is_file():
+            return None
+        # Our own file (written by _save in this run folder); it holds dataclasses, so not weights_only.
+        try:
+            return torch.load(path, map_location="cpu", weights_only=False)
+        except Exception as e:  # truncated or from another version of this script: that part is encoded again
+            _log(f"{path}: unreadable ({type(e).__name__}: {e}); encoding that part again")
+            return None
+
+    def save_part(self, index: int, rows, model=None) -> None:
+        """Saves part ``index``; ``model`` (a fresh one) also saves its state, which encoding fitted."""
+        state = None
+        if model is not None:
+            state = {"weights": {k: v.cpu() for k, v in model.state_dict().items()},
+                     "latents": (model.latents_mean.flatten().tolist(), model.latents_std.flatten().tolist()),
+                     "action_normalization": model.action_normalization}  # fmt: skip
+        self._save(f"part_{index:04d}.pt", {"rows": rows.to("cpu"), "model_state": state})
+
+    def load_part(self, index: int, model):
+        """Part ``index`` (restoring the fresh model's saved state into ``model``), or None if not saved."""
+        saved = self._load(f"part_{index:04d}.pt")
+        if saved is None:
+            return None
+        if saved["model_state"] is not None:
+            st = saved["model_state"]
+            device = model.device
+            model.load_state_dict(st["weights"])
+            model.set_latent_statistics(*st["latents"])
+            model.action_normalization = st["action_normalization"]
+            model.to(device)
+        return saved["rows"]
+
+    def save_rest(self, state: RoundState, rnd: int) -> None:
+        held = state.heldout_rows.to("cpu") if rnd == 0 else None  # later rounds carry round 0's in their state
+        self._save("rest.pt", {"heldout_rows": held, "probe_examples": state.probe_examples if rnd == 0 else None,
+                               "mean_actions": state.mean_actions if rnd == 0 else None})  # fmt: skip
+
+    def load_rest(self) -> dict | None:
+        return self._load("rest.pt")
+
+    @staticmethod
+    def remove_at(root: Path) -> None:
+        import shutil
+
+        shutil.rmtree(root, ignore_errors=True)
 
 
 def _train_round(args, config, rnd: int, data: Path, ckpt: Path, state: RoundState, train_encoders, progress: bool,
@@ -490,38 +529,52 @@ def _train_round(args, config, rnd: int, data: Path, ckpt: Path, state: RoundSta
         previous = ckpt.with_name(f"stage2_r{rnd - 1}")
         model, source = load_wnm_checkpoint(previous, device=args.device), {"checkpoint": _checkpoint_digest(previous)}
     source["collection"] = _file_digest(data / "collection.json")
-    encoded = _load_encoded_cache(data, source, model, args.device) if not ckpt.is_dir() else None
-    if encoded is not None:  # an earlier call encoded this round and stopped during SFT
-        rows, state.heldout_rows, state.probe_examples, state.mean_actions = encoded
-        _log(f"round {rnd}: reusing {rows.examples} encoded states ({data.name}{ENCODED_SUFFIX})")
+    fresh = rnd == 0 and not ckpt.is_dir() and args.init_checkpoint is None  # fit statistics only for a new model
+    ids = list_episode_ids(data)
+    if rnd == 0:
+        train_ids, held_ids = sft.split_episode_ids(ids, 0.05, args.seed)
     else:
-        ids = list_episode_ids(data)
-        if rnd == 0:
-            train_ids, held_ids = sft.split_episode_ids(ids, 0.05, args.seed)
+        train_ids = ids
+    # A fresh model fits its latent statistics and action normalization over all of its examples: one part.
+    size = len(train_ids) if fresh else SHARD_EPISODES
+    shards = [train_ids[i : i + size] for i in range(0, len(train_ids), size)]
+    cache = None if ckpt.is_dir() else _EncodeCache(data.with_name(data.name + ENCODED_SUFFIX), source)
+    parts, reused = [], 0
+    timings[f"r{rnd}_decode_wait_s"] = 0.0
+    for i, part_ids in enumerate(shards):
+        part = None if cache is None else cache.load_part(i, model)
+        if part is not None:
+            reused += 1
         else:
-            train_ids = ids
-        _log(f"round {rnd}: decoding and encoding {len(train_ids)} episodes")
-        fresh = rnd == 0 and not ckpt.is_dir() and args.init_checkpoint is None  # fit statistics only for a new model
-        stream = _timed(
-            sft.iter_expert_examples(
-                data, config.history_frames, config.image_size, progress, args.workers, episode_ids=train_ids
-            ),
-            timings,
-            f"r{rnd}_decode_wait_s",
-        )
-        rows = sft.encode_examples(model, stream, batch=64, progress=progress,
-                                   calibrate=fresh and config.vae_kind == "tiny", fit_normalization=fresh)  # fmt: skip
-        _log(f"round {rnd}: {rows.examples} states encoded; {timings[f'r{rnd}_decode_wait_s']:.0f}s of it waiting "
-             f"for decoded episodes ({args.workers} workers), the rest in the encoders")  # fmt: skip
-        if rnd == 0:
-            held_ex = sft.load_expert_examples(data, config.history_frames, config.image_size, False, args.workers,
-                                               episode_ids=held_ids)  # fmt: skip
-            state.heldout_rows = sft.encode_examples(model, held_ex, batch=64, progress=progress)
-            state.probe_examples = sft.subsample(held_ex, args.probe_states)
-            state.mean_actions = model.action_normalization.denormalize(rows.actions.double()).mean(0).cpu().numpy()
-            del held_ex
-        if not ckpt.is_dir():
-            _save_encoded_cache(data, source, model, rows, state)
+            _log(f"round {rnd}: decoding and encoding {len(part_ids)} episodes (part {i + 1} of {len(shards)})")
+            wait = {}
+            stream = _timed(sft.iter_expert_examples(data, config.history_frames, config.image_size, progress,
+                                                     args.workers, episode_ids=part_ids), wait, "s")  # fmt: skip
+            calibrate = fresh and config.vae_kind == "tiny"
+            part = sft.encode_examples(model, stream, batch=64, progress=progress, calibrate=calibrate,
+                                       fit_normalization=fresh)  # fmt: skip
+            timings[f"r{rnd}_decode_wait_s"] += wait["s"]
+            if cache is not None:
+                cache.save_part(i, part, model if fresh else None)
+        parts.append(part.to(args.device))
+    rows = parts[0] if len(parts) == 1 else sft.EncodedRows.concat(parts)
+    del parts
+    rest = None if cache is None else cache.load_rest()
+    if rest is not None and rnd == 0:
+        state.heldout_rows, state.probe_examples, state.mean_actions = (
+            rest["heldout_rows"], rest["probe_examples"], rest["mean_actions"])  # fmt: skip
+    elif rnd == 0:
+        held_ex = sft.load_expert_examples(data, config.history_frames, config.image_size, False, args.workers,
+                                           episode_ids=held_ids)  # fmt: skip
+        state.heldout_rows = sft.encode_examples(model, held_ex, batch=64, progress=progress)
+        state.probe_examples = sft.subsample(held_ex, args.probe_states)
+        state.mean_actions = model.action_normalization.denormalize(rows.actions.double()).mean(0).cpu().numpy()
+        del held_ex
+    if cache is not None and rest is None:
+        cache.save_rest(state, rnd)
+    _log(f"round {rnd}: {rows.examples} encoded states, {reused} of {len(shards)} part(s) reused from "
+         f"{data.name}{ENCODED_SUFFIX}; {timings[f'r{rnd}_decode_wait_s']:.0f}s spent waiting for decoded episodes "
+         f"({args.workers} workers)")  # fmt: skip
     if state.accumulated is None:
         train_all = rows
     else:
@@ -725,7 +778,7 @@ def main(argv: list[str] | None = None) -> int:
             finally:  # evaluation and DAgger driving below stay at full float32
                 torch.set_float32_matmul_precision("highest")
             _save_round_cache(cache, ckpt, state)
-            data.with_name(data.name + ENCODED_SUFFIX).unlink(missing_ok=True)  # the round cache holds it now
+            _EncodeCache.remove_at(data.with_name(data.name + ENCODED_SUFFIX))  # the round cache holds the rows now
         timings[f"r{rnd}_sft_s"] = time.perf_counter() - t0 - timings.get(f"r{rnd}_load_s", 0.0)
 
         prev_ckpt = ckpt

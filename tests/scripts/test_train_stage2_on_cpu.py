@@ -186,21 +186,21 @@ def test_call_stopped_during_sft_resumes_from_its_encoded_rows(tmp_path, capsys)
         shutil.copytree(reference / "data" / name, resumed / "data" / name)
 
     def cut_off(*args, **kwargs):
-        raise KeyboardInterrupt("the call's time limit")
+        raise TimeoutError("the call's time limit")
 
     real = sft.train_sft
     sft.train_sft = cut_off
     try:
-        with pytest.raises(KeyboardInterrupt):
+        with pytest.raises(TimeoutError):
             ns["main"](["--workdir", str(resumed), *flags])
     finally:
         sft.train_sft = real
-    assert (resumed / "data" / "r0.encoded.pt").is_file() and not (resumed / "ckpt" / "stage2_r0").exists()
+    assert (resumed / "data" / "r0.encoded" / "rest.pt").is_file() and not (resumed / "ckpt" / "stage2_r0").exists()
     capsys.readouterr()
     assert ns["main"](["--workdir", str(resumed), *flags]) == 0
     out = capsys.readouterr().out
-    assert "reusing" in out and "encoded states (r0.encoded.pt)" in out and "decoding and encoding" not in out
-    assert not (resumed / "data" / "r0.encoded.pt").exists()  # the round cache holds the rows now
+    assert "1 of 1 part(s) reused from r0.encoded" in out and "decoding and encoding" not in out
+    assert not (resumed / "data" / "r0.encoded").exists()  # the round cache holds the rows now
     a = read_state_dict(reference / "ckpt" / "stage2_r0" / "transformer")
     b = read_state_dict(resumed / "ckpt" / "stage2_r0" / "transformer")
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
@@ -245,3 +245,58 @@ def test_curriculum_script_runs_one_room_then_two_rooms_from_it(tmp_path):
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "decoding and encoding" not in proc.stdout and proc.stdout.count("reusing") >= 3
+
+
+def test_call_stopped_while_encoding_keeps_the_parts_it_finished(tmp_path, capsys, gated_one_room):
+    """A curriculum round (a fixed model) encodes in parts: a call cut off in part 2 keeps part 1, the next call
+    encodes only the rest, and the trained weights equal those of an uninterrupted run bit for bit (CPU)."""
+    import runpy
+    import shutil
+
+    import torch
+
+    from verl_omni.models.wnm import sft
+    from verl_omni.models.wnm.checkpoint import read_state_dict
+
+    ns = runpy.run_path(str(REPO / "scripts/train_stage2.py"), run_name="train_stage2")
+    ns["main"].__globals__["SHARD_EPISODES"] = 2  # several parts from a few episodes
+    flags = ["--level", "two_rooms", "--scenes", "3", "--episodes-per-scene", "2", "--rounds", "1", "--sft-steps",
+             "2", "--batch-size", "2", "--eval-scenes", "1", "--eval-episodes", "2", "--probe-states", "4",
+             "--workers", "1", "--no-progress", "--skip-baselines", "--view-aux-weight", "1", "--face-goal-object",
+             "--goal-point", "nearest", "--eval-rounds", "--init-checkpoint",
+             str(gated_one_room / "ckpt" / "stage2_r0")]  # fmt: skip
+    reference, resumed = tmp_path / "reference", tmp_path / "resumed"
+    assert ns["main"](["--workdir", str(reference), *flags]) == 0
+    (resumed / "data").mkdir(parents=True)
+    for name in ("r0", "r0_occ"):
+        shutil.copytree(reference / "data" / name, resumed / "data" / name)
+    real, calls, armed = sft.encode_examples, [], [True]
+
+    def cut_off_in_part_two(*args, **kwargs):
+        calls.append(1)
+        if armed[0] and len(calls) == 2:
+            raise TimeoutError("the call's time limit")
+        return real(*args, **kwargs)
+
+    sft.encode_examples = cut_off_in_part_two
+    try:
+        with pytest.raises(TimeoutError):
+            ns["main"](["--workdir", str(resumed), *flags])
+        parts = sorted(p.name for p in (resumed / "data" / "r0.encoded").glob("part_*.pt"))
+        assert parts == ["part_0000.pt"]
+        capsys.readouterr()
+        calls.clear()
+        armed[0] = False
+        assert ns["main"](["--workdir", str(resumed), *flags]) == 0
+    finally:
+        sft.encode_examples = real
+    out = capsys.readouterr().out
+    import re
+
+    reused, total = map(int, re.search(r"(\d+) of (\d+) part\(s\) reused", out).groups())
+    assert total >= 3 and reused == 1
+    assert len(calls) == total - 1 + 1  # the parts not saved, then the held-out rows
+    assert not (resumed / "data" / "r0.encoded").exists()
+    a = read_state_dict(reference / "ckpt" / "stage2_r0" / "transformer")
+    b = read_state_dict(resumed / "ckpt" / "stage2_r0" / "transformer")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
