@@ -13,9 +13,10 @@
 #
 # Settings (environment): DEVICE (cuda), WORKERS (all cores), SYN_WORKERS (WORKERS - 4), ONE_ROOM_SCENES (200),
 # TWO_ROOMS_SCENES (800), ROUNDS (2), DAGGER_SCENES (200), ONE_ROOM_STEPS (2000), TWO_ROOMS_STEPS (2000),
-# ROUND_STEPS (1500), EVAL_SEED (2000), SEED (0), STAGE2_MODEL (the model's --set flags; default the 8-layer x 256
-# model below). Extra flags go to every train_stage2.py call after the recipe's own, so they override it (e.g.
-# --eval-episodes 100). The recipe is the one docs/results.md reports (session 11:
+# ROUND_STEPS (1500), EVAL_SEED (2000), SEED (0), ONE_ROOM_EVAL (1; 0 skips the one_room evaluation),
+# TWO_ROOMS_EVAL_ROUNDS (the two_rooms rounds to evaluate, e.g. "1"; default all), STAGE2_MODEL (the model's --set
+# flags; default the 8-layer x 256 model below). Extra flags go to every train_stage2.py call after the recipe's
+# own, so they override it (e.g. --eval-episodes 100). The recipe is the one docs/results.md reports (session 11:
 # one H200, 8-layer x 256 model, goal point `nearest`, batch 128 on one_room and 256 on two_rooms).
 set -euo pipefail
 if [ $# -lt 1 ]; then
@@ -38,6 +39,11 @@ SEED=${SEED:-0}
 ONE_ROOM_STEPS=${ONE_ROOM_STEPS:-2000}
 TWO_ROOMS_STEPS=${TWO_ROOMS_STEPS:-2000}
 ROUND_STEPS=${ROUND_STEPS:-1500}
+ONE_EVAL=()
+if [ "${ONE_ROOM_EVAL:-1}" = 0 ]; then ONE_EVAL=(--eval-rounds); fi
+TWO_EVAL=()
+# shellcheck disable=SC2206  # word splitting of TWO_ROOMS_EVAL_ROUNDS is intended
+if [ -n "${TWO_ROOMS_EVAL_ROUNDS:-}" ]; then TWO_EVAL=(--eval-rounds $TWO_ROOMS_EVAL_ROUNDS); fi
 
 TASK=(--episodes-per-scene 4 --goal-variants 3 --face-goal-object --goal-point nearest --seed "$SEED")
 COMMON=("${TASK[@]}" --device "$DEVICE" --lr 5e-4 --eval-scenes 40 --eval-episodes 400 --eval-seed "$EVAL_SEED"
@@ -60,7 +66,7 @@ trap 'kill $SYN 2>/dev/null || true' EXIT
 
 stamp "3/4 one_room round 0 ($ONE_ROOM_STEPS SFT steps of 128 rows)"
 "$PY" scripts/train_stage2.py "${ONE[@]}" "${MODEL[@]}" "${COMMON[@]}" --workers "$WORKERS" --rounds 1 \
-  --sft-steps "$ONE_ROOM_STEPS" --batch-size 128 "$@"
+  --sft-steps "$ONE_ROOM_STEPS" --batch-size 128 "${ONE_EVAL[@]}" "$@"
 if ! wait $SYN; then
   echo "two_rooms synthesis failed; its log: $RUN.two_rooms_synthesis.log" >&2
   tail -20 "$RUN.two_rooms_synthesis.log" >&2
@@ -71,5 +77,5 @@ trap - EXIT
 stamp "4/4 two_rooms rounds 0..$((ROUNDS - 1)) from the one_room checkpoint"
 "$PY" scripts/train_stage2.py "${TWO[@]}" "${COMMON[@]}" --workers "$WORKERS" --rounds "$ROUNDS" \
   --sft-steps "$TWO_ROOMS_STEPS" --round-steps "$ROUND_STEPS" --batch-size 256 --dagger-scenes "$DAGGER_SCENES" \
-  --eval-stop-gate --init-checkpoint "$RUN/one_room/ckpt/stage2_r0" "$@"
+  --eval-stop-gate "${TWO_EVAL[@]}" --init-checkpoint "$RUN/one_room/ckpt/stage2_r0" "$@"
 stamp "done: $RUN/two_rooms/summary.md"

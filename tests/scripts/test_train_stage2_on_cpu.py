@@ -226,7 +226,8 @@ def test_curriculum_script_runs_one_room_then_two_rooms_from_it(tmp_path):
     run = tmp_path / "cur"
     env = {**os.environ, "DEVICE": "cpu", "WORKERS": "1", "SYN_WORKERS": "1", "ONE_ROOM_SCENES": "2",
            "TWO_ROOMS_SCENES": "2", "ROUNDS": "1", "ONE_ROOM_STEPS": "1", "TWO_ROOMS_STEPS": "1",
-           "PYTHON": sys.executable, "STAGE2_MODEL": "--set num_layers=1 --set text_max_length=64"}  # fmt: skip
+           "PYTHON": sys.executable, "STAGE2_MODEL": "--set num_layers=1 --set text_max_length=64",
+           "ONE_ROOM_EVAL": "0"}  # fmt: skip
     tiny = ["--episodes-per-scene", "1", "--goal-variants", "1", "--batch-size", "2", "--eval-scenes", "1",
             "--eval-episodes", "2", "--probe-states", "4"]  # fmt: skip
     cmd = ["bash", str(REPO / "scripts/stage2_curriculum.sh"), str(run), *tiny]
@@ -242,6 +243,7 @@ def test_curriculum_script_runs_one_room_then_two_rooms_from_it(tmp_path):
     assert init["manifest_sha256"] == hashlib.sha256(one_room.read_bytes()).hexdigest()
     summary = json.loads((run / "two_rooms" / "summary.json").read_text())
     assert set(summary["evaluations"]) == {"stage2_r0", "stage2_r0_gate"}
+    assert not list((run / "one_room" / "eval").glob("*.json"))  # ONE_ROOM_EVAL=0
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "decoding and encoding" not in proc.stdout and proc.stdout.count("reusing") >= 3
