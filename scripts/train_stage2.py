@@ -25,6 +25,7 @@ import dataclasses
 import functools
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -422,90 +423,6 @@ def _file_digest(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-class _EncodeCache:
-    """A round's encoded rows on disk while the round is in progress: ``data/r<k>.encoded/``.
-
-    The training episodes are encoded in parts of :data:`SHARD_EPISODES` (one part when the model is fresh: it fits
-    its latent statistics and action normalization over all of them), each saved as it finishes (temporary name,
-    then rename), then ``rest.pt`` (the held-out rows of round 0) marks the encoding complete. A call cut off while
-    encoding or during SFT costs the next one only what was not saved. ``source.json`` names the model and the
-    collection the rows come from; a folder from another source is removed.
-    """
-
-    def __init__(self, root: Path, source: dict) -> None:
-        import shutil
-
-        self.root = root
-        meta = root / "source.json"
-        if root.is_dir() and not (meta.is_file() and json.loads(meta.read_text()) == source):
-            _log(f"{root.name} was encoded by another model or from another collection; encoding again")
-            shutil.rmtree(root)
-        if not root.is_dir():
-            tmp = root.with_name(root.name + ".partial")
-            if tmp.exists():
-                shutil.rmtree(tmp)
-            tmp.mkdir(parents=True)
-            (tmp / "source.json").write_text(json.dumps(source, sort_keys=True) + "\n")
-            tmp.replace(root)
-
-    def _save(self, name: str, obj: dict) -> None:
-        import torch
-
-        tmp = self.root / (name + ".partial")
-        torch.save(obj, tmp)
-        tmp.replace(self.root / name)
-
-    def _load(self, name: str) -> dict | None:
-        import torch
-
-        path = self.root / name
-        if not path.is_file():
-            return None
-        # Our own file (written by _save in this run folder); it holds dataclasses, so not weights_only.
-        try:
-            return torch.load(path, map_location="cpu", weights_only=False)
-        except Exception as e:  # truncated or from another version of this script: that part is encoded again
-            _log(f"{path}: unreadable ({type(e).__name__}: {e}); encoding that part again")
-            return None
-
-    def save_part(self, index: int, rows, model=None) -> None:
-        """Saves part ``index``; ``model`` (a fresh one) also saves its state, which encoding fitted."""
-        state = None
-        if model is not None:
-            state = {"weights": {k: v.cpu() for k, v in model.state_dict().items()},
-                     "latents": (model.latents_mean.flatten().tolist(), model.latents_std.flatten().tolist()),
-                     "action_normalization": model.action_normalization}  # fmt: skip
-        self._save(f"part_{index:04d}.pt", {"rows": rows.to("cpu"), "model_state": state})
-
-    def load_part(self, index: int, model):
-        """Part ``index`` (restoring the fresh model's saved state into ``model``), or None if not saved."""
-        saved = self._load(f"part_{index:04d}.pt")
-        if saved is None:
-            return None
-        if saved["model_state"] is not None:
-            st = saved["model_state"]
-            device = model.device
-            model.load_state_dict(st["weights"])
-            model.set_latent_statistics(*st["latents"])
-            model.action_normalization = st["action_normalization"]
-            model.to(device)
-        return saved["rows"]
-
-    def save_rest(self, state: RoundState, rnd: int) -> None:
-        held = state.heldout_rows.to("cpu") if rnd == 0 else None  # later rounds carry round 0's in their state
-        self._save("rest.pt", {"heldout_rows": held, "probe_examples": state.probe_examples if rnd == 0 else None,
-                               "mean_actions": state.mean_actions if rnd == 0 else None})  # fmt: skip
-
-    def load_rest(self) -> dict | None:
-        return self._load("rest.pt")
-
-    @staticmethod
-    def remove_at(root: Path) -> None:
-        import shutil
-
-        shutil.rmtree(root, ignore_errors=True)
-
-
 def _train_round(args, config, rnd: int, data: Path, ckpt: Path, state: RoundState, train_encoders, progress: bool,
                  timings: dict) -> RoundState:  # fmt: skip
     """Decodes and encodes round ``rnd``'s collection, aggregates it with the earlier rows and trains (SFT).
@@ -514,6 +431,7 @@ def _train_round(args, config, rnd: int, data: Path, ckpt: Path, state: RoundSta
     """
     from verl_omni.data.gn0 import list_episode_ids
     from verl_omni.models.wnm import WNMModel, load_wnm_checkpoint, save_wnm_checkpoint, sft
+    from verl_omni.models.wnm.encode_cache import EncodeCache
     from verl_omni.models.wnm.stop_gate import StopGate, fit_stop_distance, load_stop_gate
 
     t0 = time.perf_counter()
@@ -538,7 +456,7 @@ def _train_round(args, config, rnd: int, data: Path, ckpt: Path, state: RoundSta
     # A fresh model fits its latent statistics and action normalization over all of its examples: one part.
     size = len(train_ids) if fresh else SHARD_EPISODES
     shards = [train_ids[i : i + size] for i in range(0, len(train_ids), size)]
-    cache = None if ckpt.is_dir() else _EncodeCache(data.with_name(data.name + ENCODED_SUFFIX), source)
+    cache = None if ckpt.is_dir() else EncodeCache(data.with_name(data.name + ENCODED_SUFFIX), source, _log)
     parts, reused = [], 0
     timings[f"r{rnd}_decode_wait_s"] = 0.0
     for i, part_ids in enumerate(shards):
@@ -570,8 +488,10 @@ def _train_round(args, config, rnd: int, data: Path, ckpt: Path, state: RoundSta
         state.probe_examples = sft.subsample(held_ex, args.probe_states)
         state.mean_actions = model.action_normalization.denormalize(rows.actions.double()).mean(0).cpu().numpy()
         del held_ex
-    if cache is not None and rest is None:
-        cache.save_rest(state, rnd)
+    if cache is not None and rest is None:  # later rounds carry round 0's held-out material in their state
+        cache.save_rest({"heldout_rows": state.heldout_rows.to("cpu") if rnd == 0 else None,
+                         "probe_examples": state.probe_examples if rnd == 0 else None,
+                         "mean_actions": state.mean_actions if rnd == 0 else None})  # fmt: skip
     _log(f"round {rnd}: {rows.examples} encoded states, {reused} of {len(shards)} part(s) reused from "
          f"{data.name}{ENCODED_SUFFIX}; {timings[f'r{rnd}_decode_wait_s']:.0f}s spent waiting for decoded episodes "
          f"({args.workers} workers)")  # fmt: skip
@@ -747,8 +667,6 @@ def main(argv: list[str] | None = None) -> int:
             tmp_occ = data.with_name(data.name + "_occ.partial")
             for d in (tmp, tmp_occ):
                 if d.exists():
-                    import shutil
-
                     shutil.rmtree(d)
                 d.mkdir(parents=True)
             (tmp / "episodes").mkdir()
@@ -778,7 +696,7 @@ def main(argv: list[str] | None = None) -> int:
             finally:  # evaluation and DAgger driving below stay at full float32
                 torch.set_float32_matmul_precision("highest")
             _save_round_cache(cache, ckpt, state)
-            _EncodeCache.remove_at(data.with_name(data.name + ENCODED_SUFFIX))  # the round cache holds the rows now
+            shutil.rmtree(data.with_name(data.name + ENCODED_SUFFIX), ignore_errors=True)  # the round cache has them
         timings[f"r{rnd}_sft_s"] = time.perf_counter() - t0 - timings.get(f"r{rnd}_load_s", 0.0)
 
         prev_ckpt = ckpt
