@@ -23,7 +23,7 @@ if [ $# -lt 1 ]; then
   echo "usage: bash scripts/stage2_curriculum.sh RUN_DIR [extra train_stage2.py flags]" >&2
   exit 2
 fi
-RUN=$1
+RUN=$(realpath -m "$1") # before the cd below, so that a relative RUN_DIR means the caller's folder
 shift
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python}
@@ -60,7 +60,7 @@ stamp "1/4 one_room collection ($ONE_ROOM_SCENES scenes)"
 
 stamp "2/4 two_rooms collection ($TWO_ROOMS_SCENES scenes) in the background on $SYN_WORKERS cores"
 "$PY" scripts/train_stage2.py "${TWO[@]}" "${MODEL[@]}" "${COMMON[@]}" --workers "$SYN_WORKERS" --synthesize-only \
-  "$@" > "$RUN.two_rooms_synthesis.log" 2>&1 &
+  "$@" > "$RUN/two_rooms_synthesis.log" 2>&1 &
 SYN=$!
 trap 'kill $SYN 2>/dev/null || true' EXIT
 
@@ -69,7 +69,7 @@ stamp "3/4 one_room round 0 ($ONE_ROOM_STEPS SFT steps of 128 rows)"
   --sft-steps "$ONE_ROOM_STEPS" --batch-size 128 "${ONE_EVAL[@]}" "$@"
 if ! wait $SYN; then
   echo "two_rooms synthesis failed; its log: $RUN.two_rooms_synthesis.log" >&2
-  tail -20 "$RUN.two_rooms_synthesis.log" >&2
+  tail -20 "$RUN/two_rooms_synthesis.log" >&2
   exit 1
 fi
 trap - EXIT

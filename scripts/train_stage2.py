@@ -355,9 +355,7 @@ class RoundState:
 
 
 def _checkpoint_digest(ckpt: Path) -> str:
-    import hashlib
-
-    return hashlib.sha256((ckpt / "checkpoint_manifest.json").read_bytes()).hexdigest()
+    return _file_digest(ckpt / "checkpoint_manifest.json")
 
 
 def _save_round_cache(cache: Path, ckpt: Path, state: RoundState) -> None:
@@ -644,8 +642,10 @@ def main(argv: list[str] | None = None) -> int:
     state = RoundState()
     train_encoders = () if args.train_encoders == "none" else tuple(args.train_encoders.split(","))
     prev_ckpt: Path | None = None
-    # Probes of rounds an earlier call measured stay in the summary when --eval-rounds skips them now.
+    # Probes of rounds an earlier call measured stay in the summary when --eval-rounds skips them now (only this
+    # run's rounds: a folder once run with more rounds keeps no stale entries).
     probes = json.loads((work / "probes.json").read_text()) if (work / "probes.json").is_file() else {}
+    probes = {k: v for k, v in probes.items() if k in {f"stage2_r{r}" for r in range(args.rounds)}}
     for rnd in range(args.rounds):
         data = work / "data" / f"r{rnd}"
         t0 = time.perf_counter()

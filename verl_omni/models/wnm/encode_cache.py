@@ -37,6 +37,7 @@ class EncodeCache:
     def __init__(self, root: Path, source: dict, log: Callable[[str], None] = print) -> None:
         self.root = Path(root)
         self.log = log
+        source = json.loads(json.dumps(source, sort_keys=True))  # as read back (tuples become lists)
         meta = self.root / "source.json"
         if self.root.is_dir() and not (meta.is_file() and json.loads(meta.read_text()) == source):
             log(f"{self.root.name} was encoded by another model or from another collection; encoding again")
