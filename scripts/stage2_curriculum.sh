@@ -68,7 +68,7 @@ stamp "3/4 one_room round 0 ($ONE_ROOM_STEPS SFT steps of 128 rows)"
 "$PY" scripts/train_stage2.py "${ONE[@]}" "${MODEL[@]}" "${COMMON[@]}" --workers "$WORKERS" --rounds 1 \
   --sft-steps "$ONE_ROOM_STEPS" --batch-size 128 "${ONE_EVAL[@]}" "$@"
 if ! wait $SYN; then
-  echo "two_rooms synthesis failed; its log: $RUN.two_rooms_synthesis.log" >&2
+  echo "two_rooms synthesis failed; its log: $RUN/two_rooms_synthesis.log" >&2
   tail -20 "$RUN/two_rooms_synthesis.log" >&2
   exit 1
 fi

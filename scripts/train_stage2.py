@@ -133,6 +133,13 @@ def build_parser() -> argparse.ArgumentParser:
         "'highest' keeps full float32; evaluation and DAgger driving always run at full float32 (their numbers do "
         "not depend on this flag or on how many processes drive); no effect on CPU",
     )
+    p.add_argument(
+        "--sft-snapshot-s",
+        type=float,
+        default=30.0,
+        help="seconds of SFT between snapshots of the round in progress (weights, optimizer, random state; in "
+        "data/r<k>.encoded/sft.pt): a run cut off during SFT goes on from the last one (default 30; 0 = every step)",
+    )
     p.add_argument("--probe-states", type=int, default=256, help="held-out states of the open-loop probes (256)")
     p.add_argument("--seed", type=int, default=0, help="seed of data, SFT and DAgger draws (default 0)")
     p.add_argument("--device", default="cpu", help="torch device (default cpu)")
@@ -302,6 +309,8 @@ def _check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> No
     if args.eval_rounds is not None and not all(0 <= r < args.rounds for r in args.eval_rounds):
         parser.error(f"--eval-rounds must name rounds in 0..{args.rounds - 1} (--rounds {args.rounds}), got "
                      f"{args.eval_rounds}")  # fmt: skip
+    if not args.sft_snapshot_s >= 0:
+        parser.error(f"--sft-snapshot-s must be >= 0 seconds, got {args.sft_snapshot_s}")
     if min(args.eval_stop_votes) < 1:
         parser.error(f"--eval-stop-votes must be >= 1, got {args.eval_stop_votes}")
     if args.init_checkpoint is not None:
@@ -430,6 +439,7 @@ def _train_round(args, config, rnd: int, data: Path, ckpt: Path, state: RoundSta
     from verl_omni.data.gn0 import list_episode_ids
     from verl_omni.models.wnm import WNMModel, load_wnm_checkpoint, save_wnm_checkpoint, sft
     from verl_omni.models.wnm.encode_cache import EncodeCache
+    from verl_omni.models.wnm.sft_resume import SFTResume
     from verl_omni.models.wnm.stop_gate import StopGate, fit_stop_distance, load_stop_gate
 
     t0 = time.perf_counter()
@@ -516,7 +526,9 @@ def _train_round(args, config, rnd: int, data: Path, ckpt: Path, state: RoundSta
         previous = ckpt.with_name(f"stage2_r{rnd - 1}") if rnd > 0 else args.init_checkpoint
         prev_gate = load_stop_gate(previous, args.device) if previous is not None else None
         view_head = None if prev_gate is None else prev_gate.head
-        result = sft.train_sft(model, train_all, heldout, cfg_sft, progress, view_head=view_head)
+        # The snapshot lives in the encoding folder: it belongs to these rows and goes with them.
+        resume = None if cache is None else SFTResume(cache.root / "sft.pt", args.sft_snapshot_s, _log)
+        result = sft.train_sft(model, train_all, heldout, cfg_sft, progress, view_head=view_head, resume=resume)
         gate = None
         if result["view_head"] is not None:
             try:
@@ -711,13 +723,7 @@ def main(argv: list[str] | None = None) -> int:
         factory = functools.partial(WNMPolicy.from_checkpoint, ckpt, device=args.device, name=ckpt.name)
         policy = factory()  # the probes below need it here; one drive worker reuses it
         source = reuse_when_in_process(factory, policy, args.drive_workers)
-        evals[ckpt.name] = _evaluate(source, ckpt.name, plans, specs, work / "eval" / f"{ckpt.name}.json",
-                                     args.drive_workers, progress)  # fmt: skip
-        for votes in sorted(set(args.eval_stop_votes) - {1}):  # the same episodes and noise, STOP by majority
-            label = f"{ckpt.name}_votes{votes}"
-            voted = functools.partial(WNMPolicy.from_checkpoint, ckpt, device=args.device, name=label, stop_votes=votes)
-            evals[label] = _evaluate(voted, label, plans, specs, work / "eval" / f"{label}.json", args.drive_workers,
-                                     progress)  # fmt: skip
+        gated_eval = None  # the gated policy (the round's headline when on) runs first: a call cut off keeps it
         if args.eval_stop_gate and not (ckpt / "stop_gate").is_dir():
             _log(f"{ckpt.name}: no stop_gate/ (see the round's log above); gated evaluation skipped")
         elif args.eval_stop_gate:  # the same episodes and noise, STOP only where the view head allows it
@@ -725,8 +731,17 @@ def main(argv: list[str] | None = None) -> int:
             label = f"{ckpt.name}_gate" + (f"_votes{votes}" if votes > 1 else "")
             gated = functools.partial(WNMPolicy.from_checkpoint, ckpt, device=args.device, name=label,
                                       stop_votes=votes, stop_gate=True)  # fmt: skip
-            evals[label] = _evaluate(gated, label, plans, specs, work / "eval" / f"{label}.json", args.drive_workers,
+            gated_eval = label, _evaluate(gated, label, plans, specs, work / "eval" / f"{label}.json",
+                                          args.drive_workers, progress)  # fmt: skip
+        evals[ckpt.name] = _evaluate(source, ckpt.name, plans, specs, work / "eval" / f"{ckpt.name}.json",
+                                     args.drive_workers, progress)  # fmt: skip
+        for votes in sorted(set(args.eval_stop_votes) - {1}):  # the same episodes and noise, STOP by majority
+            label = f"{ckpt.name}_votes{votes}"
+            voted = functools.partial(WNMPolicy.from_checkpoint, ckpt, device=args.device, name=label, stop_votes=votes)
+            evals[label] = _evaluate(voted, label, plans, specs, work / "eval" / f"{label}.json", args.drive_workers,
                                      progress)  # fmt: skip
+        if gated_eval is not None:
+            evals[gated_eval[0]] = gated_eval[1]
         probes[ckpt.name] = probe_policy(policy, state.probe_examples, state.mean_actions)
         _log(f"probe {ckpt.name}:\n{format_probe_table(probes[ckpt.name])}")
         timings[f"r{rnd}_eval_s"] = time.perf_counter() - t0

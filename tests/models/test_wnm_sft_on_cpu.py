@@ -13,6 +13,7 @@ import torch
 from verl_omni.data.video import write_video
 from verl_omni.models.wnm import WNMConfig, WNMModel, load_wnm_checkpoint, read_checkpoint_contract, sft
 from verl_omni.models.wnm.flow_matching import interpolate, velocity_target
+from verl_omni.models.wnm.sft_resume import SFTResume
 
 torch.set_num_threads(1)
 TOOL = Path(__file__).resolve().parents[2] / "tools" / "checkpoint" / "make_tiny_wnm_checkpoint.py"
@@ -326,3 +327,79 @@ def test_independent_action_noise_off_is_unchanged_and_on_changes_the_draws(tmp_
     assert losses != default_losses
     with pytest.raises(ValueError, match="independent_action_noise"):
         sft.SFTConfig(independent_action_noise=1.5)
+
+
+# SFT cut off after a snapshot goes on from it and ends where an uninterrupted run ends (bit for bit on CPU).
+
+
+class _Killed(Exception):
+    pass
+
+
+class _KilledAfterSave(SFTResume):
+    """Stands in for a call's time limit: the process dies right after the snapshot of step ``at``."""
+
+    def __init__(self, path, at: int) -> None:
+        super().__init__(path, every_s=0, log=lambda _msg: None)
+        self.at = at
+
+    def save(self, fingerprint, snapshot):
+        super().save(fingerprint, snapshot)
+        if snapshot["step"] == self.at:
+            raise _Killed
+
+
+def _fresh(tmp_path):
+    root = _write_collection(tmp_path / "gn0", episodes=2)
+    examples = sft.load_expert_examples(root, 33, (64, 64), progress=False)
+    torch.manual_seed(0)
+    model = WNMModel(WNMConfig.from_size("tiny", num_layers=1))
+    rows = sft.encode_examples(model, examples, progress=False, calibrate=True, fit_normalization=True)
+    return model, rows, {k: v.clone() for k, v in model.state_dict().items()}
+
+
+RESUME_CFG = sft.SFTConfig(steps=7, batch_size=4, lr=3e-3, eval_every=3, eval_rows=4,
+                    train_encoders=("text_encoder",), view_aux_weight=0.0, independent_action_noise=0.5)  # fmt: skip
+
+
+def test_a_run_cut_off_after_a_snapshot_ends_where_an_uninterrupted_run_ends(tmp_path):
+    model, rows, init = _fresh(tmp_path)
+    plain = sft.train_sft(model, rows, rows, RESUME_CFG, progress=False)
+    want = {k: v.clone() for k, v in model.state_dict().items()}
+
+    path = tmp_path / "snap" / "sft.pt"
+    model.load_state_dict(init)
+    _, rows, _ = _fresh(tmp_path / "again")  # the cached text features were refreshed by the first run
+    with pytest.raises(_Killed):
+        sft.train_sft(model, rows, rows, RESUME_CFG, progress=False, resume=_KilledAfterSave(path, at=4))
+    assert path.is_file() and not path.with_name("sft.pt.partial").exists()
+    assert torch.load(path, weights_only=False)["step"] == 4
+
+    model.load_state_dict(init)  # a new process: the model starts from its initial weights again
+    for p in model.text_encoder.parameters():
+        p.requires_grad_(False)
+    messages = []
+    resumed = sft.train_sft(model, rows, rows, RESUME_CFG, progress=False, resume=SFTResume(path, 0, messages.append))
+    assert messages == ["sft.pt: resuming SFT after step 4"]
+    for k, v in model.state_dict().items():
+        assert torch.equal(v, want[k]), k
+    assert resumed["train_losses"] == plain["train_losses"]  # steps 1-4 from the snapshot, 5-7 trained again
+    assert resumed["curve"] == plain["curve"]
+    assert torch.load(path, weights_only=False)["step"] == 6  # the last step is left to the caller to save
+
+
+def test_a_snapshot_of_other_settings_or_an_unreadable_one_is_not_continued(tmp_path):
+    model, rows, init = _fresh(tmp_path)
+    path = tmp_path / "sft.pt"
+    with pytest.raises(_Killed):
+        sft.train_sft(model, rows, rows, RESUME_CFG, progress=False, resume=_KilledAfterSave(path, at=2))
+    messages = []
+    other = sft.SFTConfig(**{**RESUME_CFG.__dict__, "lr": 1e-3})
+    assert SFTResume(path, 0, messages.append).load({"sft": other.__dict__}) is None
+    assert messages == [f"{path}: SFT snapshot of other settings; training from step 0"]
+    path.write_bytes(b"not a snapshot")
+    messages.clear()
+    assert SFTResume(path, 0, messages.append).load({}) is None
+    assert messages[0].startswith(f"{path}: unreadable SFT snapshot")
+    with pytest.raises(ValueError, match="every_s"):
+        SFTResume(path, -1)

@@ -55,7 +55,8 @@ def test_two_rounds_then_resume(tmp_path):
 def test_bad_flags_are_refused_before_any_work(tmp_path):
     base = [sys.executable, str(REPO / "scripts/train_stage2.py"), "--workdir", str(tmp_path / "w")]
     for extra, needle in ((["--level", "castle"], "one_room"), (["--rounds", "0"], "--rounds"),
-                          (["--beta0", "1.5"], "--beta0"), (["--probe-states", "1"], "--probe-states")):  # fmt: skip
+                          (["--beta0", "1.5"], "--beta0"), (["--probe-states", "1"], "--probe-states"),
+                          (["--sft-snapshot-s", "-1"], "--sft-snapshot-s")):  # fmt: skip
         proc = subprocess.run([*base, *extra], capture_output=True, text=True, timeout=120)
         assert proc.returncode == 2 and needle in proc.stderr, proc.stderr
     assert not (tmp_path / "w").exists()
@@ -158,24 +159,25 @@ def test_init_checkpoint_starts_round_0_from_another_level(tmp_path, gated_one_r
     assert not (tmp_path / "w").exists()
 
 
-def test_call_stopped_during_sft_resumes_from_its_encoded_rows(tmp_path, capsys):
-    """A GPU call cut off during SFT: the next call skips decoding and encoding and trains the same model.
+def test_call_stopped_during_sft_resumes_from_its_encoded_rows_and_sft_snapshot(tmp_path, capsys):
+    """A GPU call cut off during SFT: the next call skips decoding and encoding and goes on from the last SFT
+    snapshot.
 
     The uninterrupted run of the same flags is the reference: on CPU, with the same seeds, the resumed run must
     produce the same transformer weights bit for bit (the fresh model's random init, latent statistics and action
-    normalization come back from the cache with the rows).
+    normalization come back from the cache with the rows; weights, optimizer and random state from the snapshot).
     """
     import runpy
 
     import torch
 
-    from verl_omni.models.wnm import sft
     from verl_omni.models.wnm.checkpoint import read_state_dict
+    from verl_omni.models.wnm.sft_resume import SFTResume
 
     ns = runpy.run_path(str(REPO / "scripts/train_stage2.py"), run_name="train_stage2")
-    flags = ["--level", "one_room", "--scenes", "2", "--episodes-per-scene", "1", "--rounds", "1", "--sft-steps", "2",
+    flags = ["--level", "one_room", "--scenes", "2", "--episodes-per-scene", "1", "--rounds", "1", "--sft-steps", "3",
              "--batch-size", "2", "--eval-scenes", "1", "--eval-episodes", "2", "--probe-states", "4", "--workers",
-             "1", "--no-progress", "--skip-baselines", "--eval-rounds"]  # fmt: skip
+             "1", "--no-progress", "--skip-baselines", "--sft-snapshot-s", "0", "--eval-rounds"]  # fmt: skip
     reference, resumed = tmp_path / "reference", tmp_path / "resumed"
     (resumed / "data").mkdir(parents=True)
     assert ns["main"](["--workdir", str(reference), *flags]) == 0
@@ -185,22 +187,28 @@ def test_call_stopped_during_sft_resumes_from_its_encoded_rows(tmp_path, capsys)
     for name in ("r0", "r0_occ"):
         shutil.copytree(reference / "data" / name, resumed / "data" / name)
 
-    def cut_off(*args, **kwargs):
-        raise TimeoutError("the call's time limit")
+    real_save = SFTResume.save
 
-    real = sft.train_sft
-    sft.train_sft = cut_off
+    def save_then_cut_off(self, fingerprint, snapshot):
+        real_save(self, fingerprint, snapshot)
+        if snapshot["step"] == 2:
+            raise TimeoutError("the call's time limit")
+
+    SFTResume.save = save_then_cut_off
     try:
         with pytest.raises(TimeoutError):
             ns["main"](["--workdir", str(resumed), *flags])
     finally:
-        sft.train_sft = real
-    assert (resumed / "data" / "r0.encoded" / "rest.pt").is_file() and not (resumed / "ckpt" / "stage2_r0").exists()
+        SFTResume.save = real_save
+    encoded = resumed / "data" / "r0.encoded"
+    assert (encoded / "rest.pt").is_file() and (encoded / "sft.pt").is_file()
+    assert not (resumed / "ckpt" / "stage2_r0").exists()
     capsys.readouterr()
     assert ns["main"](["--workdir", str(resumed), *flags]) == 0
     out = capsys.readouterr().out
     assert "1 of 1 part(s) reused from r0.encoded" in out and "decoding and encoding" not in out
-    assert not (resumed / "data" / "r0.encoded").exists()  # the round cache holds the rows now
+    assert "sft.pt: resuming SFT after step 2" in out
+    assert not encoded.exists()  # the round cache holds the rows now; the snapshot went with the folder
     a = read_state_dict(reference / "ckpt" / "stage2_r0" / "transformer")
     b = read_state_dict(resumed / "ckpt" / "stage2_r0" / "transformer")
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)

@@ -13,7 +13,9 @@ loss, and :mod:`.grounding_eval` measures whether the result reads its instructi
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -50,6 +52,7 @@ from .grounding_eval import (  # noqa: F401  (re-exported)
     swap_partners,
 )
 from .model import WNMModel
+from .sft_resume import SFTResume
 
 TRAINABLE_ENCODERS = ("text_encoder", "image_encoder", "geometry_encoder")
 _BUILTIN_KIND_FIELD = {
@@ -159,8 +162,10 @@ def _trainable_encoders(model: WNMModel, names: tuple[str, ...]) -> list[torch.n
     return modules
 
 
-def _sft_loop(model, train, heldout, cfg, bar, g, opt, params, probes, curve, losses, window, aux_losses) -> None:
-    """The optimizer steps of :func:`train_sft` (appends to ``curve``, ``losses``, ``window``, ``aux_losses``)."""
+def _sft_loop(model, train, heldout, cfg, bar, g, opt, params, probes, curve, losses, window, aux_losses,
+              after_step: Callable[[int], None] | None = None) -> None:  # fmt: skip
+    """The optimizer steps of :func:`train_sft` (appends to ``curve``, ``losses``, ``window``, ``aux_losses``;
+    calls ``after_step(step)`` once a step is complete)."""
     probe, view_probe = probes
     for step in bar:
         rows = torch.randint(0, train.rows, (cfg.batch_size,), generator=g)
@@ -199,6 +204,8 @@ def _sft_loop(model, train, heldout, cfg, bar, g, opt, params, probes, curve, lo
             curve.append((step, float(np.mean(window)), held))
             window.clear()
             bar.set_postfix(train=f"{curve[-1][1]:.3f}", heldout=f"{held:.3f}")
+        if after_step is not None:
+            after_step(step)
 
 
 def train_sft(
@@ -208,12 +215,15 @@ def train_sft(
     cfg: SFTConfig,
     progress: bool = True,
     view_head: ObjectViewProbe | None = None,
+    resume: SFTResume | None = None,
 ) -> dict:
     """AdamW flow-matching training of ``model.transformer`` (and of the ``cfg.train_encoders``).
 
     Trained encoders are frozen again at the end and the cached features of ``train`` and ``heldout`` are
     recomputed with their new weights. ``view_head`` continues an earlier round's view head (``cfg.view_aux_weight``
-    > 0) instead of starting a fresh one.
+    > 0) instead of starting a fresh one. With ``resume``, the run is snapshotted every ``resume.every_s`` seconds
+    and a snapshot of the same settings and data sizes left by a run that was cut off is continued (the result is
+    the uninterrupted run's); the caller removes the snapshot once it has saved the result.
 
     Returns:
         ``{"initial_heldout", "final_heldout", "instruction_gap"`` (:func:`instruction_gap` of the held-out rows)
@@ -248,17 +258,41 @@ def train_sft(
         params += list(view_probe.parameters())
     g = torch.Generator().manual_seed(cfg.seed)
     opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
-    initial = heldout_loss(model, heldout, cfg)
-    curve, losses, window, aux_losses = [(0, None, initial["loss"])], [], [], {"goal": [], "view": []}
+    trained = {"transformer": model.transformer, **{f"encoder.{n}": getattr(model, n) for n in cfg.train_encoders}}
+    trained.update({k: v for k, v in (("goal_head", probe), ("view_head", view_probe)) if v is not None})
+    fingerprint = {"sft": dataclasses.asdict(cfg), "train": [train.examples, train.rows], "heldout": heldout.rows,
+                   "modules": sorted(trained)}  # fmt: skip
+    snap = None if resume is None else resume.load(fingerprint)
+    if snap is None:
+        initial = heldout_loss(model, heldout, cfg)
+        curve, losses, window, aux_losses = [(0, None, initial["loss"])], [], [], {"goal": [], "view": []}
+        start = 1
+    else:
+        for name, module in trained.items():
+            module.load_state_dict(snap["modules"][name])
+        opt.load_state_dict(snap["optimizer"])
+        g.set_state(snap["generator"])
+        initial, curve, losses, window, aux_losses = (snap[k] for k in ("initial", "curve", "losses", "window", "aux"))
+        start = snap["step"] + 1
+
+    def after_step(step: int) -> None:
+        if step < cfg.steps and resume.due():  # the last step's result is the caller's to save
+            resume.save(fingerprint, {
+                "step": step, "modules": {k: m.state_dict() for k, m in trained.items()},
+                "optimizer": opt.state_dict(), "generator": g.get_state(), "initial": initial, "curve": curve,
+                "losses": losses, "window": window, "aux": aux_losses,
+            })  # fmt: skip
+
     model.train()  # frozen parts stay in eval mode; the built-in encoders have no dropout or batch norm
-    bar = tqdm(range(1, cfg.steps + 1), desc="sft", disable=not progress)
+    bar = tqdm(range(start, cfg.steps + 1), desc="sft", disable=not progress, initial=start - 1, total=cfg.steps)
     try:
         with contextlib.ExitStack() as heads:
             for head in (probe, view_probe):
                 if head is not None:
                     heads.enter_context(head.attached(model.transformer))
             probes = (probe, view_probe)
-            _sft_loop(model, train, heldout, cfg, bar, g, opt, params, probes, curve, losses, window, aux_losses)
+            _sft_loop(model, train, heldout, cfg, bar, g, opt, params, probes, curve, losses, window, aux_losses,
+                      None if resume is None else after_step)  # fmt: skip
     finally:
         for module in encoders:
             freeze(module)
