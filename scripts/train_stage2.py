@@ -134,6 +134,18 @@ def build_parser() -> argparse.ArgumentParser:
         "not depend on this flag or on how many processes drive); no effect on CPU",
     )
     p.add_argument(
+        "--sft-autocast",
+        choices=("none", "bfloat16"),
+        default="none",
+        help="bfloat16: SFT forwards under torch.autocast (float32 weights and optimizer; see "
+        "scripts/bench_stage2_sft.py for what it saves); default none",
+    )
+    p.add_argument(
+        "--compile-blocks",
+        action="store_true",
+        help="torch.compile the DiT blocks for SFT (WNMTransformer.compile_blocks; the first steps pay for compiling)",
+    )
+    p.add_argument(
         "--sft-snapshot-s",
         type=float,
         default=30.0,
@@ -521,7 +533,9 @@ def _train_round(args, config, rnd: int, data: Path, ckpt: Path, state: RoundSta
                                 goal_aux_weight=args.goal_aux_weight,
                                 independent_action_noise=args.independent_action_noise,
                                 goal_aux_pure_noise=args.goal_aux_pure_noise,
-                                view_aux_weight=args.view_aux_weight)  # fmt: skip
+                                view_aux_weight=args.view_aux_weight, autocast=args.sft_autocast)  # fmt: skip
+        if args.compile_blocks:
+            model.transformer.compile_blocks()
         # A DAgger round continues the previous round's view head (the STOP gate) instead of a fresh one.
         previous = ckpt.with_name(f"stage2_r{rnd - 1}") if rnd > 0 else args.init_checkpoint
         prev_gate = load_stop_gate(previous, args.device) if previous is not None else None

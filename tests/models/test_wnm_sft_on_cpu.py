@@ -403,3 +403,16 @@ def test_a_snapshot_of_other_settings_or_an_unreadable_one_is_not_continued(tmp_
     assert messages[0].startswith(f"{path}: unreadable SFT snapshot")
     with pytest.raises(ValueError, match="every_s"):
         SFTResume(path, -1)
+
+
+def test_bfloat16_autocast_trains_float32_weights_and_changes_the_result(tmp_path):
+    model, rows, init = _fresh(tmp_path)
+    cfg = sft.SFTConfig(steps=3, batch_size=4, lr=3e-3, eval_every=3, eval_rows=4)
+    plain = sft.train_sft(model, rows, rows, cfg, progress=False)["train_losses"]
+    model.load_state_dict(init)
+    amp = sft.train_sft(model, rows, rows, sft.SFTConfig(**{**cfg.__dict__, "autocast": "bfloat16"}), progress=False)
+    assert all(p.dtype == torch.float32 for p in model.transformer.parameters())
+    assert len(amp["train_losses"]) == 3 and all(math.isfinite(x) for x in amp["train_losses"])
+    assert amp["train_losses"][0] != plain[0] and amp["train_losses"][0] == pytest.approx(plain[0], rel=0.05)
+    with pytest.raises(ValueError, match="autocast"):
+        sft.SFTConfig(autocast="float16")

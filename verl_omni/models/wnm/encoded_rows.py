@@ -227,15 +227,30 @@ def refresh_features(model: WNMModel, data: EncodedRows, trained: tuple[str, ...
             data.geometry[ex] = feats["geometry"]
 
 
-def draw_noise(data: EncodedRows, rows: torch.Tensor, g: torch.Generator, sigma: torch.Tensor | None = None):
+def to_device(t: torch.Tensor, device) -> torch.Tensor:
+    """``t`` (a fresh CPU tensor) on ``device`` without waiting for the device: a plain copy from pageable memory
+    synchronizes the stream, which at several copies per SFT step leaves the GPU idle while the CPU prepares the
+    next step. Pinned memory lets the copy queue behind the running kernels (torch's pinned-memory cache keeps
+    the block alive until the copy is done)."""
+    device = torch.device(device)
+    if device.type != "cuda" or t.device.type != "cpu":
+        return t.to(device)
+    return t.pin_memory().to(device, non_blocking=True)
+
+
+def draw_noise(
+    data: EncodedRows, rows: torch.Tensor, g: torch.Generator, sigma: torch.Tensor | None = None, move: bool = True
+):
     """``(x0, a0, sigma, noise_video, noise_action)`` of ``rows``: their target latents and actions, noise levels
-    (``sigma`` or uniform draws) and Gaussian noise, drawn from ``g`` on the CPU."""
+    (``sigma`` or uniform draws) and Gaussian noise, drawn from ``g`` on the CPU (``move=False`` leaves ``sigma``
+    and the noise there, for the caller to mix and move with :func:`to_device`)."""
     # The CPU generator keeps draws identical on every device; they are moved to the data's device.
     dev = data.target_latents.device
-    rows = rows.to(dev)
-    ex = data.row_example[rows]
+    ex = data.row_example[to_device(rows, dev)]
     x0, a0 = data.target_latents[ex], data.actions[ex]
     if sigma is None:
         sigma = torch.rand(len(rows), generator=g)
     ev, ea = torch.randn(x0.shape, generator=g), torch.randn(a0.shape, generator=g)
-    return x0, a0, sigma.to(dev), ev.to(dev), ea.to(dev)
+    if not move:
+        return x0, a0, sigma, ev, ea
+    return x0, a0, to_device(sigma, dev), to_device(ev, dev), to_device(ea, dev)

@@ -37,6 +37,7 @@ def joint_flow_matching_loss(
     action_eps: torch.Tensor,
     action_weight: float = 1.0,
     action_sigma: torch.Tensor | None = None,
+    as_tensors: bool = False,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Mean-squared velocity error on video latents plus ``action_weight`` times that on actions.
 
@@ -49,9 +50,11 @@ def joint_flow_matching_loss(
         video_eps / action_eps: Gaussian noise like the clean inputs.
         action_weight: Weight of the action term.
         action_sigma: ``[B]`` noise levels of the actions when they differ from the video's; None = ``sigma``.
+        as_tensors: Give the parts as detached 0-d tensors instead of floats: a training loop that reads them only
+            now and then does not wait for the device at every step.
 
     Returns:
-        ``(loss, {"video": float, "action": float})``.
+        ``(loss, {"video": float, "action": float})`` (tensors with ``as_tensors``).
     """
     if action_sigma is None:  # the ordinary call (positional, as every caller and the compiled forward expect)
         v_video, v_action = transformer(
@@ -64,4 +67,7 @@ def joint_flow_matching_loss(
         )  # fmt: skip
     video = F.mse_loss(v_video.float(), velocity_target(video_x0, video_eps).float())
     action = F.mse_loss(v_action.float(), velocity_target(action_x0, action_eps).float())
-    return video + action_weight * action, {"video": video.item(), "action": action.item()}
+    loss = video + action_weight * action
+    if as_tensors:
+        return loss, {"video": video.detach(), "action": action.detach()}
+    return loss, {"video": video.item(), "action": action.item()}

@@ -29,6 +29,7 @@ from .encoded_rows import (  # noqa: F401  (re-exported)
     condition_view_indices,
     encode_examples,
     refresh_features,
+    to_device,
     trained_features,
 )
 from .encoded_rows import draw_noise as _draw
@@ -91,6 +92,9 @@ class SFTConfig:
             alone the goal-direction loss is taken (0 = on every row at its own level). Measured: at spread levels
             the head reads the goal off the barely noisy target clip (17 degrees of error at spread levels, 43 at
             pure noise, constant answer 45), so its gradient never asks for the named object in the views.
+        autocast: ``none`` (the weights' float32; TF32 matmuls where the caller allows them) or ``bfloat16``
+            (``torch.autocast`` around the training forwards; the weights, gradients and optimizer stay float32,
+            held-out losses are taken in float32).
     """
 
     steps: int = 200
@@ -106,6 +110,7 @@ class SFTConfig:
     independent_action_noise: float = 0.0
     goal_aux_pure_noise: float = 0.0
     view_aux_weight: float = 0.0
+    autocast: str = "none"
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "train_encoders", tuple(self.train_encoders))
@@ -121,6 +126,8 @@ class SFTConfig:
             raise ValueError("SFTConfig.weight_decay, action_weight and goal_aux_weight must be >= 0")
         if not (self.view_aux_weight >= 0 and math.isfinite(self.view_aux_weight)):
             raise ValueError(f"SFTConfig.view_aux_weight: must be a number >= 0, got {self.view_aux_weight}")
+        if self.autocast not in ("none", "bfloat16"):
+            raise ValueError(f"SFTConfig.autocast: 'none' or 'bfloat16', got {self.autocast!r}")
         for name in ("independent_action_noise", "goal_aux_pure_noise"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise ValueError(f"SFTConfig.{name}: must be in [0, 1], got {getattr(self, name)}")
@@ -163,49 +170,75 @@ def _trainable_encoders(model: WNMModel, names: tuple[str, ...]) -> list[torch.n
 
 
 def _sft_loop(model, train, heldout, cfg, bar, g, opt, params, probes, curve, losses, window, aux_losses,
-              after_step: Callable[[int], None] | None = None) -> None:  # fmt: skip
+              after_step: Callable[[int, Callable[[], None]], None] | None = None) -> None:  # fmt: skip
     """The optimizer steps of :func:`train_sft` (appends to ``curve``, ``losses``, ``window``, ``aux_losses``;
-    calls ``after_step(step)`` once a step is complete)."""
+    calls ``after_step(step, flush)`` once a step is complete, ``flush()`` bringing the losses up to date).
+
+    Nothing in a step waits for the device: the draws are made on the CPU and queued behind the running kernels
+    (:func:`encoded_rows.to_device`), and the losses stay on the device until an evaluation or ``flush`` reads
+    them, so the CPU prepares the next step while the GPU runs this one.
+    """
     probe, view_probe = probes
+    dev = train.row_example.device
+    pending: dict[str, list[torch.Tensor]] = {"loss": [], "goal": [], "view": []}
+
+    def flush() -> None:
+        for key, values in pending.items():
+            if values:
+                floats = torch.stack(values).tolist()
+                if key == "loss":
+                    losses.extend(floats)
+                    window.extend(floats)
+                else:
+                    aux_losses[key].extend(floats)
+                values.clear()
+
+    amp = torch.autocast(dev.type, dtype=torch.bfloat16, enabled=cfg.autocast == "bfloat16")
     for step in bar:
         rows = torch.randint(0, train.rows, (cfg.batch_size,), generator=g)
-        x0, a0, s, ev, ea = _draw(train, rows, g)
+        x0, a0, s, ev, ea = _draw(train, rows, g, move=False)
         pure = None
         if probe is not None and cfg.goal_aux_pure_noise > 0:  # drawn only when on (old random stream when off)
             pure = torch.rand(len(rows), generator=g) < cfg.goal_aux_pure_noise
-            s = torch.where(pure.to(s.device), torch.ones_like(s), s)
+            s = torch.where(pure, torch.ones_like(s), s)
         sa = None
         if cfg.independent_action_noise > 0:  # drawn only when on, so that off keeps the old random stream
             own = torch.rand(len(rows), generator=g) < cfg.independent_action_noise
-            sa = torch.where(own, torch.rand(len(rows), generator=g), s.cpu()).to(s.device)
+            sa = torch.where(own, torch.rand(len(rows), generator=g), s)
             if pure is not None:  # the goal head's rows stay at pure noise for the actions too
-                sa = torch.where(pure.to(s.device), torch.ones_like(sa), sa)
-        rows = rows.to(train.row_example.device)
-        hist, feats = trained_features(model, train, rows, cfg.train_encoders)
-        ctx = model.context_from_features(hist, feats)  # projectors train; frozen encoders' features are fixed
-        loss, _ = joint_flow_matching_loss(model.transformer, ctx, x0, a0, s, ev, ea, cfg.action_weight, sa)
-        total = loss
-        if probe is not None:  # reads the hidden state recorded by the forward just above
-            aux = probe.loss(train.goal_polar[train.row_example[rows]], pure)
-            total = loss + cfg.goal_aux_weight * aux
-            aux_losses["goal"].append(aux.item())
-        if view_probe is not None:  # same recorded forward; every row counts
-            aux = view_probe.loss(train.goal_view[train.row_example[rows]])
-            total = total + cfg.view_aux_weight * aux
-            aux_losses["view"].append(aux.item())
+                sa = to_device(torch.where(pure, torch.ones_like(sa), sa), dev)
+            else:
+                sa = to_device(sa, dev)
+        s, ev, ea, rows = (to_device(t, dev) for t in (s, ev, ea, rows))
+        pure = None if pure is None else to_device(pure, dev)
+        with amp:
+            hist, feats = trained_features(model, train, rows, cfg.train_encoders)
+            ctx = model.context_from_features(hist, feats)  # projectors train; frozen encoders' features are fixed
+            loss, _ = joint_flow_matching_loss(model.transformer, ctx, x0, a0, s, ev, ea, cfg.action_weight, sa,
+                                               as_tensors=True)  # fmt: skip
+            total = loss
+            if probe is not None:  # reads the hidden state recorded by the forward just above
+                aux = probe.loss(train.goal_polar[train.row_example[rows]], pure)
+                total = loss + cfg.goal_aux_weight * aux
+                pending["goal"].append(aux.detach())
+            if view_probe is not None:  # same recorded forward; every row counts
+                aux = view_probe.loss(train.goal_view[train.row_example[rows]])
+                total = total + cfg.view_aux_weight * aux
+                pending["view"].append(aux.detach())
         opt.zero_grad(set_to_none=True)
         total.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
-        losses.append(loss.item())
-        window.append(loss.item())
+        pending["loss"].append(loss.detach())
         if step % cfg.eval_every == 0 or step == cfg.steps:
+            flush()
             held = heldout_loss(model, heldout, cfg)["loss"]
             curve.append((step, float(np.mean(window)), held))
             window.clear()
             bar.set_postfix(train=f"{curve[-1][1]:.3f}", heldout=f"{held:.3f}")
         if after_step is not None:
-            after_step(step)
+            after_step(step, flush)
+    flush()
 
 
 def train_sft(
@@ -275,8 +308,9 @@ def train_sft(
         initial, curve, losses, window, aux_losses = (snap[k] for k in ("initial", "curve", "losses", "window", "aux"))
         start = snap["step"] + 1
 
-    def after_step(step: int) -> None:
+    def after_step(step: int, flush: Callable[[], None]) -> None:
         if step < cfg.steps and resume.due():  # the last step's result is the caller's to save
+            flush()
             resume.save(fingerprint, {
                 "step": step, "modules": {k: m.state_dict() for k, m in trained.items()},
                 "optimizer": opt.state_dict(), "generator": g.get_state(), "initial": initial, "curve": curve,
