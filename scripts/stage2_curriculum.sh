@@ -14,7 +14,8 @@
 # Settings (environment): DEVICE (cuda), WORKERS (all cores), SYN_WORKERS (WORKERS - 4), ONE_ROOM_SCENES (200),
 # TWO_ROOMS_SCENES (800), ROUNDS (2), DAGGER_SCENES (200), ONE_ROOM_STEPS (2000), TWO_ROOMS_STEPS (2000),
 # ROUND_STEPS (1500), EVAL_SEED (2000), SEED (0), ONE_ROOM_EVAL (1; 0 skips the one_room evaluation),
-# TWO_ROOMS_EVAL_ROUNDS (the two_rooms rounds to evaluate, e.g. "1"; default all), STAGE2_MODEL (the model's --set
+# TWO_ROOMS_EVAL_ROUNDS (the two_rooms rounds to evaluate, e.g. "1"; default all), TWO_ROOMS_EVAL_PLAIN (1; 0
+# evaluates the two_rooms rounds with their STOP gate only, one closed-loop pass a round less), STAGE2_MODEL (the model's --set
 # flags; default the 8-layer x 256 model below). Extra flags go to every train_stage2.py call after the recipe's
 # own, so they override it (e.g. --eval-episodes 100). The recipe is the one docs/results.md reports (session 11:
 # one H200, 8-layer x 256 model, goal point `nearest`, batch 128 on one_room and 256 on two_rooms).
@@ -44,6 +45,7 @@ if [ "${ONE_ROOM_EVAL:-1}" = 0 ]; then ONE_EVAL=(--eval-rounds); fi
 TWO_EVAL=()
 # shellcheck disable=SC2206  # word splitting of TWO_ROOMS_EVAL_ROUNDS is intended
 if [ -n "${TWO_ROOMS_EVAL_ROUNDS:-}" ]; then TWO_EVAL=(--eval-rounds $TWO_ROOMS_EVAL_ROUNDS); fi
+if [ "${TWO_ROOMS_EVAL_PLAIN:-1}" = 0 ]; then TWO_EVAL+=(--no-eval-plain); fi
 
 TASK=(--episodes-per-scene 4 --goal-variants 3 --face-goal-object --goal-point nearest --seed "$SEED")
 COMMON=("${TASK[@]}" --device "$DEVICE" --lr 5e-4 --eval-scenes 40 --eval-episodes 400 --eval-seed "$EVAL_SEED"

@@ -116,6 +116,13 @@ def build_parser() -> argparse.ArgumentParser:
         "needs --view-aux-weight > 0",
     )
     p.add_argument(
+        "--eval-plain",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="evaluate every checkpoint without its STOP gate too (default); --no-eval-plain keeps only the gated "
+        "evaluation (needs --eval-stop-gate) and saves one closed-loop pass per evaluated round",
+    )
+    p.add_argument(
         "--eval-rounds",
         type=int,
         nargs="*",
@@ -334,6 +341,8 @@ def _check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> No
             parser.error("--init-checkpoint: the model is the checkpoint's; drop --size/--set")
     if args.eval_stop_gate and args.view_aux_weight <= 0:
         parser.error("--eval-stop-gate needs --view-aux-weight > 0 (the gate is the view head)")
+    if not args.eval_plain and not args.eval_stop_gate:
+        parser.error("--no-eval-plain needs --eval-stop-gate (otherwise no round would be evaluated)")
     if args.probe_states < 2:
         parser.error("--probe-states must be >= 2 (the ablations swap inputs between states)")
     for flag in ("beta0", "beta_decay"):
@@ -747,8 +756,9 @@ def main(argv: list[str] | None = None) -> int:
                                       stop_votes=votes, stop_gate=True)  # fmt: skip
             gated_eval = label, _evaluate(gated, label, plans, specs, work / "eval" / f"{label}.json",
                                           args.drive_workers, progress)  # fmt: skip
-        evals[ckpt.name] = _evaluate(source, ckpt.name, plans, specs, work / "eval" / f"{ckpt.name}.json",
-                                     args.drive_workers, progress)  # fmt: skip
+        if args.eval_plain:
+            evals[ckpt.name] = _evaluate(source, ckpt.name, plans, specs, work / "eval" / f"{ckpt.name}.json",
+                                         args.drive_workers, progress)  # fmt: skip
         for votes in sorted(set(args.eval_stop_votes) - {1}):  # the same episodes and noise, STOP by majority
             label = f"{ckpt.name}_votes{votes}"
             voted = functools.partial(WNMPolicy.from_checkpoint, ckpt, device=args.device, name=label, stop_votes=votes)

@@ -56,7 +56,8 @@ def test_bad_flags_are_refused_before_any_work(tmp_path):
     base = [sys.executable, str(REPO / "scripts/train_stage2.py"), "--workdir", str(tmp_path / "w")]
     for extra, needle in ((["--level", "castle"], "one_room"), (["--rounds", "0"], "--rounds"),
                           (["--beta0", "1.5"], "--beta0"), (["--probe-states", "1"], "--probe-states"),
-                          (["--sft-snapshot-s", "-1"], "--sft-snapshot-s")):  # fmt: skip
+                          (["--sft-snapshot-s", "-1"], "--sft-snapshot-s"),
+                          (["--no-eval-plain"], "--eval-stop-gate")):  # fmt: skip
         proc = subprocess.run([*base, *extra], capture_output=True, text=True, timeout=120)
         assert proc.returncode == 2 and needle in proc.stderr, proc.stderr
     assert not (tmp_path / "w").exists()
@@ -253,9 +254,13 @@ def test_curriculum_script_runs_one_room_then_two_rooms_from_it(tmp_path):
     summary = json.loads((run / "two_rooms" / "summary.json").read_text())
     assert set(summary["evaluations"]) == {"stage2_r0", "stage2_r0_gate"}
     assert not list((run / "one_room" / "eval").glob("*.json"))  # ONE_ROOM_EVAL=0
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env, cwd=tmp_path)
+    # The rerun evaluates the two_rooms round with its STOP gate only (one closed-loop pass a round less).
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env={**env, "TWO_ROOMS_EVAL_PLAIN": "0"},
+                          cwd=tmp_path)  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "decoding and encoding" not in proc.stdout and proc.stdout.count("reusing") >= 3
+    summary = json.loads((run / "two_rooms" / "summary.json").read_text())
+    assert set(summary["evaluations"]) == {"stage2_r0_gate"}
 
 
 def test_call_stopped_while_encoding_keeps_the_parts_it_finished(tmp_path, capsys, gated_one_room):
