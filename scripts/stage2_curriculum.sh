@@ -11,6 +11,12 @@
 #   4. two_rooms rounds 0..ROUNDS-1 from the one_room checkpoint (--init-checkpoint), DAgger from round 1,
 #      each evaluated with and without the STOP gate on the held-out episodes.
 #
+# DAgger rounds from a carried checkpoint: with TWO_ROOMS_FROM=CKPT (a two_rooms round of an earlier run, e.g. one
+# brought back from a GPU machine that has since gone), steps 1-4 are replaced by one train_stage2.py run in
+# RUN_DIR/two_rooms_dagger whose round 0 is CKPT unchanged (--sft-steps 0) over a fresh REPLAY_SCENES-scene round-0
+# collection (200), and whose rounds 1..ROUNDS-1 are DAgger rounds driven from it that aggregate that collection
+# with their own; each round fits a 10-minute call on one H200 at the defaults (ROUNDS=2 there: one DAgger round).
+#
 # Settings (environment): DEVICE (cuda), WORKERS (all cores), SYN_WORKERS (WORKERS - 4), ONE_ROOM_SCENES (200),
 # TWO_ROOMS_SCENES (800), ROUNDS (2), DAGGER_SCENES (200), ONE_ROOM_STEPS (2000), TWO_ROOMS_STEPS (2000),
 # ROUND_STEPS (1500), EVAL_SEED (2000), SEED (0), ONE_ROOM_EVAL (1; 0 skips the one_room evaluation),
@@ -56,6 +62,22 @@ ONE=(--workdir "$RUN/one_room" --level one_room --scenes "$ONE_ROOM_SCENES")
 TWO=(--workdir "$RUN/two_rooms" --level two_rooms --scenes "$TWO_ROOMS_SCENES")
 
 stamp() { echo "[curriculum $(date +%H:%M:%S)] $*"; }
+
+if [ -n "${TWO_ROOMS_FROM:-}" ]; then
+  FROM=$(realpath -m "$TWO_ROOMS_FROM")
+  if [ ! -f "$FROM/checkpoint_manifest.json" ]; then
+    echo "TWO_ROOMS_FROM=$TWO_ROOMS_FROM: not a complete WNM checkpoint (no checkpoint_manifest.json)" >&2
+    exit 2
+  fi
+  REPLAY_SCENES=${REPLAY_SCENES:-200}
+  stamp "two_rooms DAgger rounds 1..$((ROUNDS - 1)) from $FROM (round 0 unchanged, $REPLAY_SCENES replay scenes)"
+  "$PY" scripts/train_stage2.py --workdir "$RUN/two_rooms_dagger" --level two_rooms --scenes "$REPLAY_SCENES" \
+    "${COMMON[@]}" --workers "$WORKERS" --rounds "$ROUNDS" --sft-steps 0 --round-steps "$ROUND_STEPS" \
+    --batch-size 256 --dagger-scenes "$DAGGER_SCENES" --eval-stop-gate --eval-rounds $(seq 1 $((ROUNDS - 1))) \
+    "${TWO_EVAL[@]}" --init-checkpoint "$FROM" "$@"
+  stamp "done: $RUN/two_rooms_dagger/summary.md"
+  exit 0
+fi
 
 stamp "1/4 one_room collection ($ONE_ROOM_SCENES scenes)"
 "$PY" scripts/train_stage2.py "${ONE[@]}" "${MODEL[@]}" "${COMMON[@]}" --workers "$WORKERS" --synthesize-only "$@"

@@ -63,7 +63,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dagger-scenes", type=int, default=100, help="fresh scenes per DAgger round (default 100)")
     p.add_argument("--beta0", type=float, default=0.5, help="expert share of round 1 (default 0.5)")
     p.add_argument("--beta-decay", type=float, default=0.5, help="beta factor per later round (default 0.5)")
-    p.add_argument("--sft-steps", type=int, default=4000, help="SFT steps of round 0 (default 4000)")
+    p.add_argument(
+        "--sft-steps",
+        type=int,
+        default=4000,
+        help="SFT steps of round 0 (default 4000); 0 with --init-checkpoint: round 0 is that checkpoint unchanged "
+        "and its collection is encoded for the DAgger rounds to aggregate (DAgger rounds from a checkpoint trained "
+        "elsewhere, e.g. one carried from an earlier machine)",
+    )
     p.add_argument("--round-steps", type=int, default=2000, help="SFT steps of every later round (default 2000)")
     p.add_argument("--batch-size", type=int, default=64, help="SFT rows per step (default 64)")
     p.add_argument("--lr", type=float, default=5e-4, help="AdamW learning rate (default 5e-4)")
@@ -246,10 +253,15 @@ def _readme(name: str, args, rnd: int, provenance: dict, evaluation: dict | None
         f"- query states used: {provenance.get('train_rows', '?')} training rows.",
         *(
             [
-                f"- round 0 started from `{args.init_checkpoint.name}` (manifest sha256 "
-                f"{provenance['init_checkpoint']['manifest_sha256'][:12]}), not from a fresh model."
+                f"- round 0 {'is' if args.sft_steps == 0 else 'started from'} `{args.init_checkpoint.name}` (manifest "
+                f"sha256 {_checkpoint_digest(args.init_checkpoint)[:12]})"
+                + (
+                    ", unchanged: this run trained only the DAgger rounds."
+                    if args.sft_steps == 0
+                    else ", not from a fresh model."
+                )
             ]
-            if provenance.get("init_checkpoint")
+            if args.init_checkpoint is not None
             else []
         ),
         f"- task: goal point `{args.goal_point}` next to the named object, labelled by the `{args.label_expert}` expert"
@@ -317,10 +329,13 @@ def _check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> No
 
     if args.level not in LEVELS:
         parser.error(f"--level: unknown {args.level!r}; choose one of {sorted(LEVELS)}")
-    for flag in ("scenes", "episodes_per_scene", "goal_variants", "rounds", "dagger_scenes", "sft_steps", "round_steps",
+    for flag in ("scenes", "episodes_per_scene", "goal_variants", "rounds", "dagger_scenes", "round_steps",
                  "batch_size", "eval_scenes", "eval_episodes", "probe_states", "workers"):  # fmt: skip
         if getattr(args, flag) < 1:
             parser.error(f"--{flag.replace('_', '-')} must be >= 1, got {getattr(args, flag)}")
+    if args.sft_steps < 0 or (args.sft_steps == 0 and args.init_checkpoint is None):
+        parser.error(f"--sft-steps must be >= 1 (or 0 with --init-checkpoint: round 0 keeps that checkpoint's "
+                     f"weights), got {args.sft_steps}")  # fmt: skip
     if args.drive_workers is None:
         args.drive_workers = args.workers
     if args.drive_workers < 1:
@@ -552,6 +567,12 @@ def _train_round(args, config, rnd: int, data: Path, ckpt: Path, state: RoundSta
         # The snapshot lives in the encoding folder: it belongs to these rows and goes with them.
         resume = None if cache is None else SFTResume(cache.root / "sft.pt", args.sft_snapshot_s, _log)
         result = sft.train_sft(model, train_all, heldout, cfg_sft, progress, view_head=view_head, resume=resume)
+        clock = result["timings"]
+        for key in ("steps_s", "heldout_eval_s", "snapshot_s", "refresh_features_s", "probes_s"):
+            timings[f"r{rnd}_sft_{key}"] = clock[key]
+        _log(f"round {rnd}: SFT time: {clock['steps']} steps in {clock['steps_s']:.1f}s ({clock['ms_per_step']:.1f} "
+             f"ms/step), held-out losses {clock['heldout_eval_s']:.1f}s, snapshots {clock['snapshot_s']:.1f}s, "
+             f"feature refresh {clock['refresh_features_s']:.1f}s, probes {clock['probes_s']:.1f}s")  # fmt: skip
         gate = None
         if result["view_head"] is not None:
             try:

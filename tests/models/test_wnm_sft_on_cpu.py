@@ -1,5 +1,6 @@
 """Flow-matching SFT pieces and the make_tiny_wnm_checkpoint CLI on a minimal hand-written GN0 collection."""
 
+import dataclasses
 import json
 import math
 import runpy
@@ -109,6 +110,10 @@ def test_encode_calibrates_latents_and_training_reduces_loss(tmp_path):
     assert [c[0] for c in result["curve"]] == [0, 20, 40]
     assert result["final_heldout"]["loss"] < 0.8 * result["initial_heldout"]["loss"]
     assert all(math.isfinite(x) for x in result["train_losses"])
+    clock = result["timings"]  # where the time went: 40 steps, 3 held-out evaluations (steps 0, 20, 40), no snapshot
+    assert clock["steps"] == 40 and clock["snapshot_s"] == 0 and clock["heldout_eval_s"] > 0 and clock["probes_s"] > 0
+    assert clock["refresh_features_s"] == 0  # no encoder trained, nothing to refresh
+    assert clock["ms_per_step"] == pytest.approx(1000 * clock["steps_s"] / 40)
 
 
 def test_process_pool_loader_keeps_episode_order_and_subsets(tmp_path):
@@ -386,6 +391,8 @@ def test_a_run_cut_off_after_a_snapshot_ends_where_an_uninterrupted_run_ends(tmp
     assert resumed["train_losses"] == plain["train_losses"]  # steps 1-4 from the snapshot, 5-7 trained again
     assert resumed["curve"] == plain["curve"]
     assert torch.load(path, weights_only=False)["step"] == 6  # the last step is left to the caller to save
+    assert resumed["timings"]["steps"] == 3 and resumed["timings"]["snapshot_s"] > 0  # this call's steps 5-7
+    assert resumed["timings"]["refresh_features_s"] > 0  # the text encoder trained
 
 
 def test_a_snapshot_of_other_settings_or_an_unreadable_one_is_not_continued(tmp_path):
@@ -416,3 +423,20 @@ def test_bfloat16_autocast_trains_float32_weights_and_changes_the_result(tmp_pat
     assert amp["train_losses"][0] != plain[0] and amp["train_losses"][0] == pytest.approx(plain[0], rel=0.05)
     with pytest.raises(ValueError, match="autocast"):
         sft.SFTConfig(autocast="float16")
+
+
+def test_zero_steps_leave_the_weights_and_still_measure_the_model(tmp_path):
+    """steps=0 (train_stage2 --sft-steps 0: round 0 is a carried checkpoint): no optimizer step, every weight and
+    cached feature as it was, the held-out loss the same before and after; negative steps are refused."""
+    model, rows, init = _fresh(tmp_path)
+    text_before = rows.text.clone()
+    cfg = sft.SFTConfig(**{**dataclasses.asdict(RESUME_CFG), "steps": 0})
+    result = sft.train_sft(model, rows, rows, cfg, progress=False)
+    for k, v in model.state_dict().items():
+        assert torch.equal(v, init[k]), k
+    assert torch.equal(rows.text, text_before)  # the refreshed text features are those of the untouched encoder
+    assert result["train_losses"] == [] and result["curve"] == [(0, None, result["initial_heldout"]["loss"])]
+    assert result["final_heldout"]["loss"] == result["initial_heldout"]["loss"]
+    assert result["timings"]["steps"] == 0 and result["timings"]["ms_per_step"] == 0
+    with pytest.raises(ValueError, match="steps"):
+        sft.SFTConfig(steps=-1)

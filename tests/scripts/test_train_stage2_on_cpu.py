@@ -57,7 +57,8 @@ def test_bad_flags_are_refused_before_any_work(tmp_path):
     for extra, needle in ((["--level", "castle"], "one_room"), (["--rounds", "0"], "--rounds"),
                           (["--beta0", "1.5"], "--beta0"), (["--probe-states", "1"], "--probe-states"),
                           (["--sft-snapshot-s", "-1"], "--sft-snapshot-s"),
-                          (["--no-eval-plain"], "--eval-stop-gate")):  # fmt: skip
+                          (["--no-eval-plain"], "--eval-stop-gate"),
+                          (["--sft-steps", "0"], "--init-checkpoint")):  # fmt: skip
         proc = subprocess.run([*base, *extra], capture_output=True, text=True, timeout=120)
         assert proc.returncode == 2 and needle in proc.stderr, proc.stderr
     assert not (tmp_path / "w").exists()
@@ -261,6 +262,34 @@ def test_curriculum_script_runs_one_room_then_two_rooms_from_it(tmp_path):
     assert "decoding and encoding" not in proc.stdout and proc.stdout.count("reusing") >= 3
     summary = json.loads((run / "two_rooms" / "summary.json").read_text())
     assert set(summary["evaluations"]) == {"stage2_r0_gate"}
+
+    # DAgger rounds from a carried checkpoint: round 0 is the two_rooms checkpoint unchanged (bit for bit), its
+    # replay collection is encoded, and round 1 is a DAgger round driven from it, evaluated with its gate only.
+    import torch
+
+    from verl_omni.models.wnm.checkpoint import read_state_dict
+
+    carried = run / "two_rooms" / "ckpt" / "stage2_r0"
+    dagger_env = {**env, "TWO_ROOMS_FROM": str(carried), "ROUNDS": "2", "ROUND_STEPS": "1", "DAGGER_SCENES": "1",
+                  "REPLAY_SCENES": "2", "TWO_ROOMS_EVAL_PLAIN": "0"}  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=dagger_env, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    out = run / "two_rooms_dagger"
+    before, after = (
+        read_state_dict(carried / "transformer"),
+        read_state_dict(out / "ckpt" / "stage2_r0" / "transformer"),
+    )
+    assert before.keys() == after.keys() and all(torch.equal(before[k], after[k]) for k in before)
+    r1 = json.loads((out / "ckpt" / "stage2_r1" / "checkpoint_manifest.json").read_text())["provenance"]
+    assert r1["round"] == 1 and r1["sft_steps_total"] == 1
+    assert (
+        "unchanged: this run trained only the DAgger rounds" in (out / "ckpt" / "stage2_r1" / "README.md").read_text()
+    )
+    assert set(json.loads((out / "summary.json").read_text())["evaluations"]) == {"stage2_r1_gate"}
+    assert not (run / "one_room" / "ckpt" / "stage2_r1").exists()  # nothing of the curriculum's own steps ran
+    bad = subprocess.run(cmd, capture_output=True, text=True, timeout=60, cwd=tmp_path,
+                         env={**dagger_env, "TWO_ROOMS_FROM": str(tmp_path / "nowhere")})  # fmt: skip
+    assert bad.returncode == 2 and "TWO_ROOMS_FROM" in bad.stderr and "checkpoint_manifest.json" in bad.stderr
 
 
 def test_call_stopped_while_encoding_keeps_the_parts_it_finished(tmp_path, capsys, gated_one_room):

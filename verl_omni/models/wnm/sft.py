@@ -15,7 +15,9 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import math
-from collections.abc import Callable
+import time
+from collections import defaultdict
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -117,7 +119,9 @@ class SFTConfig:
         unknown = sorted(set(self.train_encoders) - set(TRAINABLE_ENCODERS))
         if unknown:
             raise ValueError(f"SFTConfig.train_encoders: unknown {unknown}; choose from {list(TRAINABLE_ENCODERS)}")
-        for name in ("steps", "batch_size", "eval_every", "eval_rows"):
+        if self.steps < 0:  # 0: no optimizer step; the held-out loss, the feature refresh and the probes still run
+            raise ValueError(f"SFTConfig.steps: must be >= 0, got {self.steps}")
+        for name in ("batch_size", "eval_every", "eval_rows"):
             if getattr(self, name) < 1:
                 raise ValueError(f"SFTConfig.{name}: must be >= 1, got {getattr(self, name)}")
         if not (self.lr > 0 and math.isfinite(self.lr)):
@@ -131,6 +135,43 @@ class SFTConfig:
         for name in ("independent_action_noise", "goal_aux_pure_noise"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise ValueError(f"SFTConfig.{name}: must be in [0, 1], got {getattr(self, name)}")
+
+
+class PhaseClock:
+    """Wall seconds of the phases of an SFT run (steps, held-out losses, snapshots, feature refresh, probes).
+
+    The device is synchronized at each phase boundary, so that kernels queued in a phase are charged to it. The
+    boundaries are the held-out evaluations and the snapshots, which wait for the device anyway (they read losses
+    back), so timing adds no wait to the steps themselves.
+    """
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = torch.device(device)
+        self.seconds: dict[str, float] = defaultdict(float)
+
+    def _sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    @contextlib.contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        """Adds the wall time of the ``with`` body (device work included) to ``seconds[name]``."""
+        self._sync()
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self._sync()
+            self.seconds[name] += time.perf_counter() - t0
+
+    def report(self, steps: int) -> dict[str, float]:
+        """``{"steps", "steps_s", "ms_per_step", "heldout_eval_s", "snapshot_s", "refresh_features_s",
+        "probes_s"}``: ``steps_s`` is the loop's time without its held-out evaluations and snapshots."""
+        sec = self.seconds
+        steps_s = max(0.0, sec["loop"] - sec["heldout_eval"] - sec["snapshot"])
+        return {"steps": steps, "steps_s": steps_s, "ms_per_step": 1000 * steps_s / steps if steps else 0.0,
+                "heldout_eval_s": sec["heldout_eval"], "snapshot_s": sec["snapshot"],
+                "refresh_features_s": sec["refresh_features"], "probes_s": sec["probes"]}  # fmt: skip
 
 
 @torch.no_grad()
@@ -170,7 +211,8 @@ def _trainable_encoders(model: WNMModel, names: tuple[str, ...]) -> list[torch.n
 
 
 def _sft_loop(model, train, heldout, cfg, bar, g, opt, params, probes, curve, losses, window, aux_losses,
-              after_step: Callable[[int, Callable[[], None]], None] | None = None) -> None:  # fmt: skip
+              after_step: Callable[[int, Callable[[], None]], None] | None = None,
+              clock: PhaseClock | None = None) -> None:  # fmt: skip
     """The optimizer steps of :func:`train_sft` (appends to ``curve``, ``losses``, ``window``, ``aux_losses``;
     calls ``after_step(step, flush)`` once a step is complete, ``flush()`` bringing the losses up to date).
 
@@ -232,7 +274,8 @@ def _sft_loop(model, train, heldout, cfg, bar, g, opt, params, probes, curve, lo
         pending["loss"].append(loss.detach())
         if step % cfg.eval_every == 0 or step == cfg.steps:
             flush()
-            held = heldout_loss(model, heldout, cfg)["loss"]
+            with clock.phase("heldout_eval") if clock is not None else contextlib.nullcontext():
+                held = heldout_loss(model, heldout, cfg)["loss"]
             curve.append((step, float(np.mean(window)), held))
             window.clear()
             bar.set_postfix(train=f"{curve[-1][1]:.3f}", heldout=f"{held:.3f}")
@@ -264,7 +307,8 @@ def train_sft(
         without the goal head) ``, "goal_direction_pure_noise"`` (at sigma 1) ``, "object_view"``
         (:func:`object_view_gap`, None without the view head) ``, "object_view_pure_noise"`` (at sigma 1) ``,
         "curve": [(step, train_loss_avg, heldout_loss)], "train_losses", "goal_aux_losses", "view_aux_losses"``
-        (the last two empty unless their head is on)``, "view_head"`` (the trained view head, None when off)``}``.
+        (the last two empty unless their head is on)``, "view_head"`` (the trained view head, None when off)``,
+        "timings"`` (:meth:`PhaseClock.report` of this call: its steps and where its time went)``}``.
     """
     encoders = _trainable_encoders(model, cfg.train_encoders)
     params = list(model.transformer.parameters())
@@ -295,6 +339,7 @@ def train_sft(
     trained.update({k: v for k, v in (("goal_head", probe), ("view_head", view_probe)) if v is not None})
     fingerprint = {"sft": dataclasses.asdict(cfg), "train": [train.examples, train.rows], "heldout": heldout.rows,
                    "modules": sorted(trained)}  # fmt: skip
+    clock = PhaseClock(train.row_example.device)
     snap = None if resume is None else resume.load(fingerprint)
     if snap is None:
         initial = heldout_loss(model, heldout, cfg)
@@ -310,12 +355,13 @@ def train_sft(
 
     def after_step(step: int, flush: Callable[[], None]) -> None:
         if step < cfg.steps and resume.due():  # the last step's result is the caller's to save
-            flush()
-            resume.save(fingerprint, {
-                "step": step, "modules": {k: m.state_dict() for k, m in trained.items()},
-                "optimizer": opt.state_dict(), "generator": g.get_state(), "initial": initial, "curve": curve,
-                "losses": losses, "window": window, "aux": aux_losses,
-            })  # fmt: skip
+            with clock.phase("snapshot"):
+                flush()
+                resume.save(fingerprint, {
+                    "step": step, "modules": {k: m.state_dict() for k, m in trained.items()},
+                    "optimizer": opt.state_dict(), "generator": g.get_state(), "initial": initial, "curve": curve,
+                    "losses": losses, "window": window, "aux": aux_losses,
+                })  # fmt: skip
 
     model.train()  # frozen parts stay in eval mode; the built-in encoders have no dropout or batch norm
     bar = tqdm(range(start, cfg.steps + 1), desc="sft", disable=not progress, initial=start - 1, total=cfg.steps)
@@ -325,25 +371,34 @@ def train_sft(
                 if head is not None:
                     heads.enter_context(head.attached(model.transformer))
             probes = (probe, view_probe)
-            _sft_loop(model, train, heldout, cfg, bar, g, opt, params, probes, curve, losses, window, aux_losses,
-                      None if resume is None else after_step)  # fmt: skip
+            with clock.phase("loop"):
+                _sft_loop(model, train, heldout, cfg, bar, g, opt, params, probes, curve, losses, window, aux_losses,
+                          None if resume is None else after_step, clock)  # fmt: skip
     finally:
         for module in encoders:
             freeze(module)
     model.eval()
     if encoders:
-        refresh_features(model, train, cfg.train_encoders)
-        refresh_features(model, heldout, cfg.train_encoders)
-    final = heldout_loss(model, heldout, cfg)
+        with clock.phase("refresh_features"):
+            refresh_features(model, train, cfg.train_encoders)
+            refresh_features(model, heldout, cfg.train_encoders)
+    with clock.phase("probes"):
+        final = heldout_loss(model, heldout, cfg)
+        gaps = {
+            "instruction_gap": instruction_gap(model, heldout, cfg),
+            "instruction_gap_pure_noise": instruction_gap(model, heldout, cfg, sigma=1.0),
+            "goal_direction": None if probe is None else goal_direction_gap(model, probe, heldout, cfg),
+            "goal_direction_pure_noise": None if probe is None else goal_direction_gap(model, probe, heldout, cfg, 1.0),
+            "object_view": None if view_probe is None else object_view_gap(model, view_probe, heldout, cfg),
+            "object_view_pure_noise": None
+            if view_probe is None
+            else object_view_gap(model, view_probe, heldout, cfg, 1.0),
+        }
     return {
         "initial_heldout": initial,
         "final_heldout": final,
-        "instruction_gap": instruction_gap(model, heldout, cfg),
-        "instruction_gap_pure_noise": instruction_gap(model, heldout, cfg, sigma=1.0),
-        "goal_direction": None if probe is None else goal_direction_gap(model, probe, heldout, cfg),
-        "goal_direction_pure_noise": None if probe is None else goal_direction_gap(model, probe, heldout, cfg, 1.0),
-        "object_view": None if view_probe is None else object_view_gap(model, view_probe, heldout, cfg),
-        "object_view_pure_noise": None if view_probe is None else object_view_gap(model, view_probe, heldout, cfg, 1.0),
+        **gaps,
+        "timings": clock.report(cfg.steps - start + 1),
         "curve": curve,
         "train_losses": losses,
         "goal_aux_losses": aux_losses["goal"],
