@@ -15,16 +15,18 @@
 # brought back from a GPU machine that has since gone), steps 1-4 are replaced by one train_stage2.py run in
 # RUN_DIR/two_rooms_dagger whose round 0 is CKPT unchanged (--sft-steps 0) over a fresh REPLAY_SCENES-scene round-0
 # collection (200), and whose rounds 1..ROUNDS-1 are DAgger rounds driven from it that aggregate that collection
-# with their own; each round fits a 10-minute call on one H200 at the defaults (ROUNDS=2 there: one DAgger round).
+# with their own (ROUNDS=2: one DAgger round, estimated at about 550 s on one H200 with ROUND_STEPS=1000, so that
+# one round fits a 10-minute call from a fresh machine; not yet run on a GPU).
 #
 # Settings (environment): DEVICE (cuda), WORKERS (all cores), SYN_WORKERS (WORKERS - 4), ONE_ROOM_SCENES (200),
 # TWO_ROOMS_SCENES (800), ROUNDS (2), DAGGER_SCENES (200), ONE_ROOM_STEPS (2000), TWO_ROOMS_STEPS (2000),
 # ROUND_STEPS (1500), EVAL_SEED (2000), SEED (0), ONE_ROOM_EVAL (1; 0 skips the one_room evaluation),
 # TWO_ROOMS_EVAL_ROUNDS (the two_rooms rounds to evaluate, e.g. "1"; default all), TWO_ROOMS_EVAL_PLAIN (1; 0
-# evaluates the two_rooms rounds with their STOP gate only, one closed-loop pass a round less), STAGE2_MODEL (the model's --set
-# flags; default the 8-layer x 256 model below). Extra flags go to every train_stage2.py call after the recipe's
-# own, so they override it (e.g. --eval-episodes 100). The recipe is the one docs/results.md reports (session 11:
-# one H200, 8-layer x 256 model, goal point `nearest`, batch 128 on one_room and 256 on two_rooms).
+# evaluates the two_rooms rounds with their STOP gate only, one closed-loop pass a round less), TWO_ROOMS_FROM and
+# REPLAY_SCENES (above), STAGE2_MODEL (the model's --set flags; default the 8-layer x 256 model below). Extra flags
+# go to every train_stage2.py call after the recipe's own, so they override it (e.g. --eval-episodes 100). The
+# recipe is the one docs/results.md reports (session 11: one H200, 8-layer x 256 model, goal point `nearest`, batch
+# 128 on one_room and 256 on two_rooms).
 set -euo pipefail
 if [ $# -lt 1 ]; then
   echo "usage: bash scripts/stage2_curriculum.sh RUN_DIR [extra train_stage2.py flags]" >&2
@@ -69,8 +71,13 @@ if [ -n "${TWO_ROOMS_FROM:-}" ]; then
     echo "TWO_ROOMS_FROM=$TWO_ROOMS_FROM: not a complete WNM checkpoint (no checkpoint_manifest.json)" >&2
     exit 2
   fi
+  if [ "$ROUNDS" -lt 2 ]; then
+    echo "TWO_ROOMS_FROM needs ROUNDS >= 2 (round 0 is the carried checkpoint; round 1 is the first DAgger round)" >&2
+    exit 2
+  fi
   REPLAY_SCENES=${REPLAY_SCENES:-200}
   stamp "two_rooms DAgger rounds 1..$((ROUNDS - 1)) from $FROM (round 0 unchanged, $REPLAY_SCENES replay scenes)"
+  # shellcheck disable=SC2046  # word splitting of seq's output is intended
   "$PY" scripts/train_stage2.py --workdir "$RUN/two_rooms_dagger" --level two_rooms --scenes "$REPLAY_SCENES" \
     "${COMMON[@]}" --workers "$WORKERS" --rounds "$ROUNDS" --sft-steps 0 --round-steps "$ROUND_STEPS" \
     --batch-size 256 --dagger-scenes "$DAGGER_SCENES" --eval-stop-gate --eval-rounds $(seq 1 $((ROUNDS - 1))) \

@@ -290,6 +290,10 @@ def test_curriculum_script_runs_one_room_then_two_rooms_from_it(tmp_path):
     bad = subprocess.run(cmd, capture_output=True, text=True, timeout=60, cwd=tmp_path,
                          env={**dagger_env, "TWO_ROOMS_FROM": str(tmp_path / "nowhere")})  # fmt: skip
     assert bad.returncode == 2 and "TWO_ROOMS_FROM" in bad.stderr and "checkpoint_manifest.json" in bad.stderr
+    bad = subprocess.run(
+        cmd, capture_output=True, text=True, timeout=60, cwd=tmp_path, env={**dagger_env, "ROUNDS": "1"}
+    )
+    assert bad.returncode == 2 and "ROUNDS >= 2" in bad.stderr
 
 
 def test_call_stopped_while_encoding_keeps_the_parts_it_finished(tmp_path, capsys, gated_one_room):

@@ -166,7 +166,8 @@ class PhaseClock:
 
     def report(self, steps: int) -> dict[str, float]:
         """``{"steps", "steps_s", "ms_per_step", "heldout_eval_s", "snapshot_s", "refresh_features_s",
-        "probes_s"}``: ``steps_s`` is the loop's time without its held-out evaluations and snapshots."""
+        "probes_s"}``: ``steps_s`` is the loop's time without its held-out evaluations and snapshots; ``probes_s``
+        the held-out loss before and after the loop and the grounding probes."""
         sec = self.seconds
         steps_s = max(0.0, sec["loop"] - sec["heldout_eval"] - sec["snapshot"])
         return {"steps": steps, "steps_s": steps_s, "ms_per_step": 1000 * steps_s / steps if steps else 0.0,
@@ -342,7 +343,8 @@ def train_sft(
     clock = PhaseClock(train.row_example.device)
     snap = None if resume is None else resume.load(fingerprint)
     if snap is None:
-        initial = heldout_loss(model, heldout, cfg)
+        with clock.phase("probes"):
+            initial = heldout_loss(model, heldout, cfg)
         curve, losses, window, aux_losses = [(0, None, initial["loss"])], [], [], {"goal": [], "view": []}
         start = 1
     else:
