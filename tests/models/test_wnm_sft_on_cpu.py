@@ -440,3 +440,24 @@ def test_zero_steps_leave_the_weights_and_still_measure_the_model(tmp_path):
     assert result["timings"]["steps"] == 0 and result["timings"]["ms_per_step"] == 0
     with pytest.raises(ValueError, match="steps"):
         sft.SFTConfig(steps=-1)
+
+
+def test_encoded_features_are_the_encoders_outputs_of_each_example_and_instruction(tmp_path):
+    """Each cached feature is what the model's own encoders give for that example's frames and that row's
+    instruction (text of every variant, image of the last history frame, geometry of the history clip)."""
+    root = _write_collection(tmp_path / "gn0", episodes=2)
+    examples = sft.load_expert_examples(root, 33, (64, 64), progress=False)
+    torch.manual_seed(0)
+    model = WNMModel(WNMConfig.from_size("tiny", num_layers=1))
+    rows = sft.encode_examples(model, examples, batch=3, progress=False, calibrate=True)
+    for r in range(rows.rows):
+        ex = int(rows.row_example[r])
+        e = examples[ex]
+        variant = r - int((rows.row_example == ex).nonzero()[0])
+        text, mask = model.encode_text([e.instructions[variant]])
+        torch.testing.assert_close(rows.text[r][mask[0]], text[0][mask[0]], rtol=1e-5, atol=1e-5)
+        frames = torch.from_numpy(e.history[None])
+        torch.testing.assert_close(rows.image[ex], model.image_encoder(frames[:, -1]).float()[0], rtol=1e-5, atol=1e-5)
+        if rows.geometry is not None:
+            torch.testing.assert_close(rows.geometry[ex], model.geometry_encoder(frames).float()[0], rtol=1e-5,
+                                       atol=1e-5)  # fmt: skip

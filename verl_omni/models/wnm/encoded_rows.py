@@ -145,10 +145,10 @@ def encode_examples(
 
     def flush(chunk: list[ExpertExample]) -> None:
         nonlocal n
-        h = torch.from_numpy(np.stack([e.history for e in chunk]))
+        h = torch.from_numpy(np.stack([e.history for e in chunk])).to(model.device)  # uint8, one copy for all users
         hist.append(model.encode_video(h))
         targ.append(model.encode_video(torch.from_numpy(np.stack([e.target for e in chunk]))))
-        feats = model.encode_condition_features(h, [e.instructions[0] for e in chunk])
+        feats = model.encode_view_features(h)  # the text of every variant is encoded below, in one call
         image.append(feats["image"])
         if feats["geometry"] is not None:
             geometry.append(feats["geometry"])

@@ -238,11 +238,19 @@ class WNMModel(nn.Module):
         self._check_frames(history_frames, "history_frames", self.config.history_frames)
         if len(instructions) != history_frames.shape[0]:
             raise ValueError(f"{len(instructions)} instructions for {history_frames.shape[0]} history clips")
-        frames = history_frames.to(self.device)
         text, mask = self.encode_text(instructions)
+        return {"text": text, "text_mask": mask, **self.encode_view_features(history_frames)}
+
+    @torch.no_grad()
+    def encode_view_features(self, history_frames: torch.Tensor) -> dict:
+        """Runs the frozen image and geometry encoders on uint8 history clips ``[B, T, H, W, 3]``.
+
+        Returns:
+            dict with ``image [B, Li, image_dim]`` and ``geometry [B, Lg, geometry_dim]`` or None.
+        """
+        self._check_frames(history_frames, "history_frames", self.config.history_frames)
+        frames = history_frames.to(self.device)
         return {
-            "text": text,
-            "text_mask": mask,
             "image": self.image_encoder(frames[:, -1]).float(),
             "geometry": None if self.geometry_encoder is None else self.geometry_encoder(frames).float(),
         }
