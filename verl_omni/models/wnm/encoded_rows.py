@@ -155,11 +155,10 @@ def encode_examples(
         views.append(h[:, view_idx])
         # Every instruction variant of the chunk in one encoder call (one call per example cost more than the VAE).
         texts = [t for e in chunk for t in e.instructions]
-        tok_ids, _ = model.tokenizer(texts)
-        t, m = model.encode_text(texts)
-        text.append(t)
-        mask.append(m)
-        ids.append(tok_ids.to(m.device))
+        tok_ids, tok_mask = model.tokenizer(texts)  # tokenized once: the ids are kept for the trained text encoder
+        text.append(model.encode_tokens(tok_ids, tok_mask))
+        mask.append(tok_mask.to(model.device))
+        ids.append(tok_ids.to(model.device))
         for j, e in enumerate(chunk):
             row_ex.extend([n + j] * len(e.instructions))
             actions.append(e.actions)

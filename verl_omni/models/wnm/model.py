@@ -224,8 +224,13 @@ class WNMModel(nn.Module):
     def encode_text(self, instructions: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
         """Instructions -> ``(features [B, Lt, text_dim] float32, mask [B, Lt] bool)``."""
         ids, mask = self.tokenizer(list(instructions))
-        ids, mask = ids.to(self.device), mask.to(self.device)
-        return self.text_encoder(ids, mask).float(), mask
+        return self.encode_tokens(ids, mask), mask.to(self.device)
+
+    @torch.no_grad()
+    def encode_tokens(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """Token ids ``[B, Lt]`` and mask ``[B, Lt]`` bool (from ``self.tokenizer``) -> features
+        ``[B, Lt, text_dim]`` float32: :meth:`encode_text` for a caller that also keeps the ids."""
+        return self.text_encoder(ids.to(self.device), mask.to(self.device)).float()
 
     @torch.no_grad()
     def encode_condition_features(self, history_frames: torch.Tensor, instructions: list[str]) -> dict:
