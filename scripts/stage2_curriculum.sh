@@ -18,6 +18,9 @@
 # with their own (ROUNDS=2: one DAgger round, estimated at about 550 s on one H200 with ROUND_STEPS=1000, so that
 # one round fits a 10-minute call from a fresh machine; not yet run on a GPU).
 #
+# From a carried one_room checkpoint: with ONE_ROOM_FROM=CKPT (a one_room round 0 of an earlier run), steps 1 and 3
+# are skipped and the two_rooms collection is synthesized on all WORKERS before its rounds start from CKPT.
+#
 # Settings (environment): DEVICE (cuda), WORKERS (all cores), SYN_WORKERS (WORKERS - 4), ONE_ROOM_SCENES (200),
 # TWO_ROOMS_SCENES (800), ROUNDS (2), DAGGER_SCENES (200), ONE_ROOM_STEPS (2000), TWO_ROOMS_STEPS (2000),
 # ROUND_STEPS (1500), EVAL_SEED (2000), SEED (0), ONE_ROOM_EVAL (1; 0 skips the one_room evaluation),
@@ -86,27 +89,38 @@ if [ -n "${TWO_ROOMS_FROM:-}" ]; then
   exit 0
 fi
 
-stamp "1/4 one_room collection ($ONE_ROOM_SCENES scenes)"
-"$PY" scripts/train_stage2.py "${ONE[@]}" "${MODEL[@]}" "${COMMON[@]}" --workers "$WORKERS" --synthesize-only "$@"
+ONE_CKPT="$RUN/one_room/ckpt/stage2_r0"
+if [ -n "${ONE_ROOM_FROM:-}" ]; then
+  ONE_CKPT=$(realpath -m "$ONE_ROOM_FROM")
+  if [ ! -f "$ONE_CKPT/checkpoint_manifest.json" ]; then
+    echo "ONE_ROOM_FROM=$ONE_ROOM_FROM: not a complete WNM checkpoint (no checkpoint_manifest.json)" >&2
+    exit 2
+  fi
+  stamp "1-3/4 skipped: the one_room round 0 is $ONE_CKPT; two_rooms collection ($TWO_ROOMS_SCENES scenes)"
+  "$PY" scripts/train_stage2.py "${TWO[@]}" "${MODEL[@]}" "${COMMON[@]}" --workers "$WORKERS" --synthesize-only "$@"
+else
+  stamp "1/4 one_room collection ($ONE_ROOM_SCENES scenes)"
+  "$PY" scripts/train_stage2.py "${ONE[@]}" "${MODEL[@]}" "${COMMON[@]}" --workers "$WORKERS" --synthesize-only "$@"
 
-stamp "2/4 two_rooms collection ($TWO_ROOMS_SCENES scenes) in the background on $SYN_WORKERS cores"
-"$PY" scripts/train_stage2.py "${TWO[@]}" "${MODEL[@]}" "${COMMON[@]}" --workers "$SYN_WORKERS" --synthesize-only \
-  "$@" > "$RUN/two_rooms_synthesis.log" 2>&1 &
-SYN=$!
-trap 'kill $SYN 2>/dev/null || true' EXIT
+  stamp "2/4 two_rooms collection ($TWO_ROOMS_SCENES scenes) in the background on $SYN_WORKERS cores"
+  "$PY" scripts/train_stage2.py "${TWO[@]}" "${MODEL[@]}" "${COMMON[@]}" --workers "$SYN_WORKERS" --synthesize-only \
+    "$@" > "$RUN/two_rooms_synthesis.log" 2>&1 &
+  SYN=$!
+  trap 'kill $SYN 2>/dev/null || true' EXIT
 
-stamp "3/4 one_room round 0 ($ONE_ROOM_STEPS SFT steps of 128 rows)"
-"$PY" scripts/train_stage2.py "${ONE[@]}" "${MODEL[@]}" "${COMMON[@]}" --workers "$WORKERS" --rounds 1 \
-  --sft-steps "$ONE_ROOM_STEPS" --batch-size 128 "${ONE_EVAL[@]}" "$@"
-if ! wait $SYN; then
-  echo "two_rooms synthesis failed; its log: $RUN/two_rooms_synthesis.log" >&2
-  tail -20 "$RUN/two_rooms_synthesis.log" >&2
-  exit 1
+  stamp "3/4 one_room round 0 ($ONE_ROOM_STEPS SFT steps of 128 rows)"
+  "$PY" scripts/train_stage2.py "${ONE[@]}" "${MODEL[@]}" "${COMMON[@]}" --workers "$WORKERS" --rounds 1 \
+    --sft-steps "$ONE_ROOM_STEPS" --batch-size 128 "${ONE_EVAL[@]}" "$@"
+  if ! wait $SYN; then
+    echo "two_rooms synthesis failed; its log: $RUN/two_rooms_synthesis.log" >&2
+    tail -20 "$RUN/two_rooms_synthesis.log" >&2
+    exit 1
+  fi
+  trap - EXIT
 fi
-trap - EXIT
 
 stamp "4/4 two_rooms rounds 0..$((ROUNDS - 1)) from the one_room checkpoint"
 "$PY" scripts/train_stage2.py "${TWO[@]}" "${COMMON[@]}" --workers "$WORKERS" --rounds "$ROUNDS" \
   --sft-steps "$TWO_ROOMS_STEPS" --round-steps "$ROUND_STEPS" --batch-size 256 --dagger-scenes "$DAGGER_SCENES" \
-  --eval-stop-gate "${TWO_EVAL[@]}" --init-checkpoint "$RUN/one_room/ckpt/stage2_r0" "$@"
+  --eval-stop-gate "${TWO_EVAL[@]}" --init-checkpoint "$ONE_CKPT" "$@"
 stamp "done: $RUN/two_rooms/summary.md"

@@ -295,6 +295,22 @@ def test_curriculum_script_runs_one_room_then_two_rooms_from_it(tmp_path):
     )
     assert bad.returncode == 2 and "ROUNDS >= 2" in bad.stderr
 
+    # From a carried one_room checkpoint: the one_room steps are skipped, the two_rooms round 0 starts from it.
+    one_ckpt = run / "one_room" / "ckpt" / "stage2_r0"
+    cmd2 = ["bash", str(REPO / "scripts/stage2_curriculum.sh"), "cur2", *tiny]
+    proc = subprocess.run(cmd2, capture_output=True, text=True, timeout=900, cwd=tmp_path,
+                          env={**env, "ONE_ROOM_FROM": str(one_ckpt), "TWO_ROOMS_EVAL_PLAIN": "0"})  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    run2 = tmp_path / "cur2"
+    assert not (run2 / "one_room").exists()
+    init = json.loads((run2 / "two_rooms" / "ckpt" / "stage2_r0" / "checkpoint_manifest.json").read_text())[
+        "provenance"]["init_checkpoint"]  # fmt: skip
+    assert init["path"] == str(one_ckpt)
+    assert init["manifest_sha256"] == hashlib.sha256((one_ckpt / "checkpoint_manifest.json").read_bytes()).hexdigest()
+    bad = subprocess.run(cmd2, capture_output=True, text=True, timeout=60, cwd=tmp_path,
+                         env={**env, "ONE_ROOM_FROM": str(tmp_path / "nowhere")})  # fmt: skip
+    assert bad.returncode == 2 and "ONE_ROOM_FROM" in bad.stderr and "checkpoint_manifest.json" in bad.stderr
+
 
 def test_call_stopped_while_encoding_keeps_the_parts_it_finished(tmp_path, capsys, gated_one_room):
     """A curriculum round (a fixed model) encodes in parts: a call cut off in part 2 keeps part 1, the next call
