@@ -45,19 +45,12 @@ def _parse(argv=None) -> argparse.Namespace:
 
 def _runs(path: Path) -> tuple[dict[str, list[dict]], list[dict] | None]:
     """Label -> per-episode records of one report file, and the episode specs it carries (None if it has none)."""
+    from verl_omni.sim.eval_metrics import report_runs
+
     try:
-        data = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as e:
-        raise CliError(f"{path}: cannot read the report ({e})") from e
-    # A closed_loop_eval report has the specs at the top ("episodes") and the records under "runs"; a train_stage2
-    # report has the records at the top and the specs under "specs" (reports before 2026-12-02 have none).
-    if isinstance(data, dict) and isinstance(data.get("runs"), dict):
-        runs = {k: v["episodes"] for k, v in data["runs"].items() if isinstance(v, dict) and "episodes" in v}
-        if runs:
-            return runs, data.get("episodes")
-    elif isinstance(data, dict) and isinstance(data.get("episodes"), list):
-        return {str(data.get("label", path.stem)): data["episodes"]}, data.get("specs")
-    raise CliError(f"{path}: no per-episode records (expected a top-level 'episodes' list or 'runs' with 'episodes')")
+        return report_runs(path)
+    except ValueError as e:
+        raise CliError(str(e)) from e
 
 
 def _check_specs(path: Path, carried: list[dict] | None, drawn: dict) -> bool:

@@ -168,3 +168,30 @@ def format_estimate(entry: Mapping, digits: int = 3) -> str:
     if entry.get("low") is None:
         return m
     return f"{m} [{entry['low']:.{digits}f}, {entry['high']:.{digits}f}]"
+
+
+def report_runs(path) -> tuple[dict[str, list[dict]], list[dict] | None]:
+    """Label -> per-episode records of one evaluation report file, and the episode specs it carries.
+
+    Reads ``closed_loop_eval.py`` reports (specs at the top under ``episodes``, records under ``runs``) and the
+    per-checkpoint files of ``train_stage2.py`` (records at the top, specs under ``specs``; reports before
+    2026-12-02 carry none, then the specs are None).
+
+    Raises:
+        ValueError: the file cannot be read or holds no per-episode records; the message names the file.
+    """
+    import json
+    from pathlib import Path
+
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise ValueError(f"{path}: cannot read the report ({e})") from e
+    if isinstance(data, dict) and isinstance(data.get("runs"), dict):
+        runs = {k: v["episodes"] for k, v in data["runs"].items() if isinstance(v, dict) and "episodes" in v}
+        if runs:
+            return runs, data.get("episodes")
+    elif isinstance(data, dict) and isinstance(data.get("episodes"), list):
+        return {str(data.get("label", path.stem)): data["episodes"]}, data.get("specs")
+    raise ValueError(f"{path}: no per-episode records (expected a top-level 'episodes' list or 'runs' with 'episodes')")

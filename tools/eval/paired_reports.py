@@ -1,0 +1,123 @@
+#!/usr/bin/env python3
+"""Closed-loop runs side by side on the same episodes: each run's rates, and its paired differences from the first.
+
+Every run must cover the same episodes (matched by episode id, in any order); reports are ``closed_loop_eval.py``
+``report.json`` files (every run in them) or the per-checkpoint files of ``scripts/train_stage2.py``
+(``<workdir>/eval/<name>.json``). Give a run a name with ``NAME=PATH`` (needed when two files hold runs of the
+same label, e.g. one checkpoint evaluated with different ``--execute-steps``). Differences are ``run - first``,
+with paired Student-t intervals.
+
+Example:
+
+    python tools/eval/paired_reports.py x8=ev8/report.json x4=ev4/report.json bearing=eval_gb/report.json \\
+      --output paired.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from verl_omni.sim.eval_metrics import aggregate, format_estimate, paired_differences, report_runs  # noqa: E402
+
+COLUMNS = (
+    ("success", "SR"),
+    ("oracle_success", "OSR"),
+    ("collisions", "collisions/ep"),
+    ("premature_stop", "premature STOP"),
+    ("progress", "progress (m)"),
+    ("path_length", "path (m)"),
+    ("spl", "SPL"),
+)
+
+
+class CliError(Exception):
+    """A user error; the message says what to change."""
+
+
+def _parse(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("reports", nargs="+", help="[NAME=]PATH of an evaluation report; the first run is the base")
+    p.add_argument("--output", type=Path, help="also write the rates and differences as JSON here (never overwritten)")
+    return p.parse_args(argv)
+
+
+def load_runs(specs: list[str]) -> dict[str, list[dict]]:
+    """``{name: per-episode records sorted by episode id}`` of every run in the given ``[NAME=]PATH`` reports."""
+    runs: dict[str, list[dict]] = {}
+    for spec in specs:
+        name, _, path = spec.rpartition("=") if "=" in spec else ("", "", spec)
+        try:
+            found, _ = report_runs(Path(path))
+        except ValueError as e:
+            raise CliError(str(e)) from e
+        if name and len(found) > 1:
+            raise CliError(f"{spec}: NAME= names one run, but {path} holds {len(found)} ({sorted(found)})")
+        for label, episodes in found.items():
+            key = name or label
+            if key in runs:
+                raise CliError(f"{spec}: a run named {key!r} was given already; name this one with NAME={path}")
+            runs[key] = sorted(episodes, key=lambda e: e["episode_id"])
+    ids = {k: [e["episode_id"] for e in v] for k, v in runs.items()}
+    first = next(iter(ids))
+    for k, v in ids.items():
+        if v != ids[first]:
+            raise CliError(
+                f"run {k!r} covers other episodes than {first!r} ({len(v)} vs {len(ids[first])}, "
+                f"{len(set(v) ^ set(ids[first]))} differ): pair only evaluations of the same held-out episodes"
+            )
+    return runs
+
+
+def compare(runs: dict[str, list[dict]]) -> dict:
+    """``{"base": name, "runs": {name: aggregate}, "paired": {name: run - base}}`` for runs from :func:`load_runs`."""
+    base = next(iter(runs))
+    return {
+        "base": base,
+        "runs": {k: aggregate(v) for k, v in runs.items()},
+        "paired": {k: paired_differences(runs[base], v) for k, v in runs.items() if k != base},
+    }
+
+
+def format_tables(result: dict) -> str:
+    """Markdown tables: each run's rates, then its paired differences from the base."""
+    names = list(result["runs"])
+    cols = [(k, h) for k, h in COLUMNS if all(k in result["runs"][n] for n in names)]
+    lines = [f"{result['runs'][names[0]]['episodes']} episodes, 95% intervals", ""]
+    lines += ["| run | " + " | ".join(h for _, h in cols) + " |", "| --- |" + " --- |" * len(cols)]
+    for n in names:
+        agg = result["runs"][n]
+        lines.append(f"| {n} | " + " | ".join(format_estimate(agg[k]) for k, _ in cols) + " |")
+    if result["paired"]:
+        lines += ["", f"Paired differences, run - {result['base']}:", ""]
+        lines += ["| run | " + " | ".join(h for _, h in cols) + " |", "| --- |" + " --- |" * len(cols)]
+        for n, diff in result["paired"].items():
+            cells = [format_estimate(diff[k]) if k in diff else "-" for k, _ in cols]
+            lines.append(f"| {n} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    args = _parse(argv)
+    try:
+        if args.output is not None and args.output.exists():
+            raise CliError(f"--output {args.output}: exists; choose another path (results are never overwritten)")
+        result = compare(load_runs(args.reports))
+    except CliError as e:
+        print(f"paired_reports.py: {e}", file=sys.stderr)
+        return 2
+    print(format_tables(result))
+    if args.output is not None:
+        tmp = args.output.with_name(args.output.name + ".tmp")
+        tmp.write_text(json.dumps(result, indent=1))
+        tmp.replace(args.output)
+        print(f"wrote {args.output}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
