@@ -166,6 +166,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="seconds of SFT between snapshots of the round in progress (weights, optimizer, random state; in "
         "data/r<k>.encoded/sft.pt): a run cut off during SFT goes on from the last one (default 30; 0 = every step)",
     )
+    p.add_argument(
+        "--eval-execute-steps",
+        type=int,
+        default=8,
+        help="action steps a checkpoint executes per policy call in the closed-loop evaluation (default 8, one "
+        "chunk; fewer replans more often, e.g. 3; reports of other values than 8 are labelled <name>_x<steps>); the "
+        "scripted baselines keep 8",
+    )
     p.add_argument("--probe-states", type=int, default=256, help="held-out states of the open-loop probes (256)")
     p.add_argument("--seed", type=int, default=0, help="seed of data, SFT and DAgger draws (default 0)")
     p.add_argument("--device", default="cpu", help="torch device (default cpu)")
@@ -301,7 +309,8 @@ def _readme(name: str, args, rnd: int, provenance: dict, evaluation: dict | None
     return "\n".join(lines)
 
 
-def _evaluate(policy_factory, label: str, plans, specs, out: Path, workers: int, progress: bool) -> dict:
+def _evaluate(policy_factory, label: str, plans, specs, out: Path, workers: int, progress: bool,
+              execute_steps: int = 8) -> dict:  # fmt: skip
     from verl_omni.sim.closed_loop import ClosedLoopConfig
     from verl_omni.sim.eval_metrics import aggregate
     from verl_omni.sim.loop_pool import run_closed_loop_pool
@@ -309,11 +318,12 @@ def _evaluate(policy_factory, label: str, plans, specs, out: Path, workers: int,
     if out.is_file():
         return json.loads(out.read_text())["aggregate"]
     t0 = time.perf_counter()
-    results, _ = run_closed_loop_pool(policy_factory, plans, specs, ClosedLoopConfig(), workers, progress, label)
+    loop = ClosedLoopConfig(execute_steps=execute_steps)
+    results, _ = run_closed_loop_pool(policy_factory, plans, specs, loop, workers, progress, label)
     agg = aggregate([r.metrics() for r in results])
     # The specs travel with the results so that later analyses (tools/eval/episode_strata.py) can check that they
     # draw the same episodes: ids alone (h0000_ev000, ...) repeat across seeds and levels.
-    report = {"label": label, "seconds": time.perf_counter() - t0, "aggregate": agg,
+    report = {"label": label, "seconds": time.perf_counter() - t0, "execute_steps": execute_steps, "aggregate": agg,
               "episodes": [r.metrics() for r in results], "specs": [s.to_dict() for s in specs]}  # fmt: skip
     tmp = out.with_suffix(".tmp")
     tmp.write_text(json.dumps(report) + "\n")
@@ -330,7 +340,8 @@ def _check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> No
     if args.level not in LEVELS:
         parser.error(f"--level: unknown {args.level!r}; choose one of {sorted(LEVELS)}")
     for flag in ("scenes", "episodes_per_scene", "goal_variants", "rounds", "dagger_scenes", "round_steps",
-                 "batch_size", "eval_scenes", "eval_episodes", "probe_states", "workers"):  # fmt: skip
+                 "batch_size", "eval_scenes", "eval_episodes", "probe_states", "workers",
+                 "eval_execute_steps"):  # fmt: skip
         if getattr(args, flag) < 1:
             parser.error(f"--{flag.replace('_', '-')} must be >= 1, got {getattr(args, flag)}")
     if args.sft_steps < 0 or (args.sft_steps == 0 and args.init_checkpoint is None):
@@ -767,24 +778,25 @@ def main(argv: list[str] | None = None) -> int:
         factory = functools.partial(WNMPolicy.from_checkpoint, ckpt, device=args.device, name=ckpt.name)
         policy = factory()  # the probes below need it here; one drive worker reuses it
         source = reuse_when_in_process(factory, policy, args.drive_workers)
+        xs = "" if args.eval_execute_steps == 8 else f"_x{args.eval_execute_steps}"  # other settings, other reports
+        ev = functools.partial(_evaluate, plans=plans, specs=specs, workers=args.drive_workers, progress=progress,
+                               execute_steps=args.eval_execute_steps)  # fmt: skip
         gated_eval = None  # the gated policy (the round's headline when on) runs first: a call cut off keeps it
         if args.eval_stop_gate and not (ckpt / "stop_gate").is_dir():
             _log(f"{ckpt.name}: no stop_gate/ (see the round's log above); gated evaluation skipped")
         elif args.eval_stop_gate:  # the same episodes and noise, STOP only where the view head allows it
             votes = max(args.eval_stop_votes)
-            label = f"{ckpt.name}_gate" + (f"_votes{votes}" if votes > 1 else "")
+            label = f"{ckpt.name}_gate" + (f"_votes{votes}" if votes > 1 else "") + xs
             gated = functools.partial(WNMPolicy.from_checkpoint, ckpt, device=args.device, name=label,
                                       stop_votes=votes, stop_gate=True)  # fmt: skip
-            gated_eval = label, _evaluate(gated, label, plans, specs, work / "eval" / f"{label}.json",
-                                          args.drive_workers, progress)  # fmt: skip
+            gated_eval = label, ev(gated, label, out=work / "eval" / f"{label}.json")
         if args.eval_plain:
-            evals[ckpt.name] = _evaluate(source, ckpt.name, plans, specs, work / "eval" / f"{ckpt.name}.json",
-                                         args.drive_workers, progress)  # fmt: skip
+            label = ckpt.name + xs
+            evals[label] = ev(source, label, out=work / "eval" / f"{label}.json")
         for votes in sorted(set(args.eval_stop_votes) - {1}):  # the same episodes and noise, STOP by majority
-            label = f"{ckpt.name}_votes{votes}"
+            label = f"{ckpt.name}_votes{votes}{xs}"
             voted = functools.partial(WNMPolicy.from_checkpoint, ckpt, device=args.device, name=label, stop_votes=votes)
-            evals[label] = _evaluate(voted, label, plans, specs, work / "eval" / f"{label}.json", args.drive_workers,
-                                     progress)  # fmt: skip
+            evals[label] = ev(voted, label, out=work / "eval" / f"{label}.json")
         if gated_eval is not None:
             evals[gated_eval[0]] = gated_eval[1]
         probes[ckpt.name] = probe_policy(policy, state.probe_examples, state.mean_actions)

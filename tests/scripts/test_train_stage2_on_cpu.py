@@ -253,7 +253,11 @@ def test_curriculum_script_runs_one_room_then_two_rooms_from_it(tmp_path):
     one_room = run / "one_room" / "ckpt" / "stage2_r0" / "checkpoint_manifest.json"
     assert init["manifest_sha256"] == hashlib.sha256(one_room.read_bytes()).hexdigest()
     summary = json.loads((run / "two_rooms" / "summary.json").read_text())
-    assert set(summary["evaluations"]) == {"stage2_r0", "stage2_r0_gate"}
+    # The recipe's checkpoints replan every 3 steps (EVAL_EXECUTE_STEPS); the reports say so in name and field.
+    assert set(summary["evaluations"]) == {"stage2_r0_x3", "stage2_r0_gate_x3"}
+    report = json.loads((run / "two_rooms" / "eval" / "stage2_r0_gate_x3.json").read_text())
+    assert report["execute_steps"] == 3
+    assert all(e["policy_calls"] >= -(-e["steps"] // 3) for e in report["episodes"])
     assert not list((run / "one_room" / "eval").glob("*.json"))  # ONE_ROOM_EVAL=0
     # The rerun evaluates the two_rooms round with its STOP gate only (one closed-loop pass a round less).
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env={**env, "TWO_ROOMS_EVAL_PLAIN": "0"},
@@ -261,7 +265,7 @@ def test_curriculum_script_runs_one_room_then_two_rooms_from_it(tmp_path):
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "decoding and encoding" not in proc.stdout and proc.stdout.count("reusing") >= 3
     summary = json.loads((run / "two_rooms" / "summary.json").read_text())
-    assert set(summary["evaluations"]) == {"stage2_r0_gate"}
+    assert set(summary["evaluations"]) == {"stage2_r0_gate_x3"}
 
     # DAgger rounds from a carried checkpoint: round 0 is the two_rooms checkpoint unchanged (bit for bit), its
     # replay collection is encoded, and round 1 is a DAgger round driven from it, evaluated with its gate only.
@@ -285,7 +289,7 @@ def test_curriculum_script_runs_one_room_then_two_rooms_from_it(tmp_path):
     assert (
         "unchanged: this run trained only the DAgger rounds" in (out / "ckpt" / "stage2_r1" / "README.md").read_text()
     )
-    assert set(json.loads((out / "summary.json").read_text())["evaluations"]) == {"stage2_r1_gate"}
+    assert set(json.loads((out / "summary.json").read_text())["evaluations"]) == {"stage2_r1_gate_x3"}
     assert not (run / "one_room" / "ckpt" / "stage2_r1").exists()  # nothing of the curriculum's own steps ran
     bad = subprocess.run(cmd, capture_output=True, text=True, timeout=60, cwd=tmp_path,
                          env={**dagger_env, "TWO_ROOMS_FROM": str(tmp_path / "nowhere")})  # fmt: skip
