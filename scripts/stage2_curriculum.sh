@@ -26,12 +26,13 @@
 # ROUND_STEPS (1500), EVAL_SEED (2000), SEED (0), ONE_ROOM_EVAL (1; 0 skips the one_room evaluation),
 # EVAL_EXECUTE_STEPS (3: the checkpoints replan every 3 action steps in the closed-loop evaluations, measured
 # against 8, one chunk, in docs/results.md; reports of other values than 8 are labelled <name>_x<steps>),
-# TWO_ROOMS_EVAL_ROUNDS (the two_rooms rounds to evaluate, e.g. "1"; default all), TWO_ROOMS_EVAL_PLAIN (1; 0
-# evaluates the two_rooms rounds with their STOP gate only, one closed-loop pass a round less), TWO_ROOMS_FROM and
-# REPLAY_SCENES (above), STAGE2_MODEL (the model's --set flags; default the 8-layer x 256 model below). Extra flags
-# go to every train_stage2.py call after the recipe's own, so they override it (e.g. --eval-episodes 100). The
-# recipe is the one docs/results.md reports (session 11: one H200, 8-layer x 256 model, goal point `nearest`, batch
-# 128 on one_room and 256 on two_rooms).
+# DAGGER_EXECUTE_STEPS (8: steps the DAgger behaviour policy executes per call; 3 drives as the evaluation does,
+# not yet measured), TWO_ROOMS_EVAL_ROUNDS (the two_rooms rounds to evaluate, e.g. "1"; default all),
+# TWO_ROOMS_EVAL_PLAIN (1; 0 evaluates the two_rooms rounds with their STOP gate only, one closed-loop pass a round
+# less), TWO_ROOMS_FROM and REPLAY_SCENES (above), STAGE2_MODEL (the model's --set flags; default the 8-layer x 256
+# model below). Extra flags go to every train_stage2.py call after the recipe's own, so they override it (e.g.
+# --eval-episodes 100). The recipe is the one docs/results.md reports (session 11: one H200, 8-layer x 256 model,
+# goal point `nearest`, batch 128 on one_room and 256 on two_rooms).
 set -euo pipefail
 if [ $# -lt 1 ]; then
   echo "usage: bash scripts/stage2_curriculum.sh RUN_DIR [extra train_stage2.py flags]" >&2
@@ -62,7 +63,8 @@ if [ "${TWO_ROOMS_EVAL_PLAIN:-1}" = 0 ]; then TWO_EVAL+=(--no-eval-plain); fi
 
 TASK=(--episodes-per-scene 4 --goal-variants 3 --face-goal-object --goal-point nearest --seed "$SEED")
 COMMON=("${TASK[@]}" --device "$DEVICE" --lr 5e-4 --eval-scenes 40 --eval-episodes 400 --eval-seed "$EVAL_SEED"
-  --probe-states 256 --eval-execute-steps "${EVAL_EXECUTE_STEPS:-3}" --skip-baselines --view-aux-weight 1
+  --probe-states 256 --eval-execute-steps "${EVAL_EXECUTE_STEPS:-3}"
+  --dagger-execute-steps "${DAGGER_EXECUTE_STEPS:-8}" --skip-baselines --view-aux-weight 1
   --independent-action-noise 0.5 --no-progress)
 # shellcheck disable=SC2206  # word splitting of STAGE2_MODEL is intended
 MODEL=(${STAGE2_MODEL:---set num_layers=8 --set num_heads=8 --set ffn_dim=1024 --set text_max_length=64})

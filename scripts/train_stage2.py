@@ -174,6 +174,12 @@ def build_parser() -> argparse.ArgumentParser:
         "chunk; fewer replans more often, e.g. 3; reports of other values than 8 are labelled <name>_x<steps>); the "
         "scripted baselines keep 8",
     )
+    p.add_argument(
+        "--dagger-execute-steps",
+        type=int,
+        default=8,
+        help="action steps the DAgger behaviour policy executes per call (default 8, one chunk)",
+    )
     p.add_argument("--probe-states", type=int, default=256, help="held-out states of the open-loop probes (256)")
     p.add_argument("--seed", type=int, default=0, help="seed of data, SFT and DAgger draws (default 0)")
     p.add_argument("--device", default="cpu", help="torch device (default cpu)")
@@ -341,7 +347,7 @@ def _check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> No
         parser.error(f"--level: unknown {args.level!r}; choose one of {sorted(LEVELS)}")
     for flag in ("scenes", "episodes_per_scene", "goal_variants", "rounds", "dagger_scenes", "round_steps",
                  "batch_size", "eval_scenes", "eval_episodes", "probe_states", "workers",
-                 "eval_execute_steps"):  # fmt: skip
+                 "eval_execute_steps", "dagger_execute_steps"):  # fmt: skip
         if getattr(args, flag) < 1:
             parser.error(f"--{flag.replace('_', '-')} must be >= 1, got {getattr(args, flag)}")
     if args.sft_steps < 0 or (args.sft_steps == 0 and args.init_checkpoint is None):
@@ -740,7 +746,8 @@ def main(argv: list[str] | None = None) -> int:
             offset = args.scenes + (rnd - 1) * args.dagger_scenes  # fresh training scenes every round
             summary = collect_dagger_round(learner, cfg, args.seed, beta, tmp / "episodes", tmp_occ,
                                            workers=args.workers, scene_offset=offset, progress=progress,
-                                           drive_workers=args.drive_workers)  # fmt: skip
+                                           drive_workers=args.drive_workers,
+                                           execute_steps=args.dagger_execute_steps)  # fmt: skip
             meta = dagger_collection_meta(cfg, args.seed, beta, {"name": prev_ckpt.name})
             meta["level"], meta["dagger_summary"] = level.name, summary
             write_collection_meta(tmp / "collection.json", meta)

@@ -47,3 +47,21 @@ def test_collects_a_readable_round(tiny_checkpoint, tmp_path, capsys):
     with pytest.raises(SystemExit):
         tool.main([*args[:2], "--beta", "1.5", *args[4:], "--output-dir", str(tmp_path / "x"), "--occupancy-dir",
                    str(tmp_path / "y")])  # fmt: skip
+
+
+def test_behaviour_policy_replans_every_execute_steps(tiny_checkpoint, tmp_path):
+    """--execute-steps 2: the behaviour policy is asked again after every 2 executed steps, so an episode of m
+    motion steps made at least ceil(m / 2) policy calls (with one chunk of 8 a call it could make ceil(m / 8))."""
+    tool = _load_tool("tools/data/collect_dagger.py", "collect_dagger")
+    out, occ = tmp_path / "r1", tmp_path / "r1_occ"
+    args = ["--policy-checkpoint", str(tiny_checkpoint), "--beta", "1.0", "--level", "one_room", "--num-scenes", "1",
+            "--episodes-per-scene", "2", "--max-steps", "16", "--num-steps", "2", "--seed", "1", "--no-progress",
+            "--execute-steps", "2", "--output-dir", str(out), "--occupancy-dir", str(occ)]  # fmt: skip
+    assert tool.main(args) == 0
+    assert json.loads((out / "collection.json").read_text())["dagger_summary"]["execute_steps"] == 2
+    for ep in sorted((out / "episodes").iterdir()):
+        record = json.loads((ep / "episode.json").read_text())
+        steps = len(record["poses"]) - 1  # the start pose, then one per executed motion step
+        calls = record["behaviour"]["expert_calls"] + record["behaviour"]["learner_calls"]
+        assert steps > 8, "the expert (beta 1) drives more than one chunk, so the bound below bites"
+        assert calls >= -(-steps // 2), (steps, calls)

@@ -47,6 +47,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="processes driving episodes, each with its own copy of the learner (default 1)",
     )
     p.add_argument("--max-steps", type=int, default=160, help="motion steps per episode (default 160)")
+    p.add_argument(
+        "--execute-steps", type=int, default=8, help="action steps executed per policy call (default 8, one chunk)"
+    )
     p.add_argument("--num-steps", type=int, default=10, help="ODE denoising steps of the learner (default 10)")
     p.add_argument("--device", default="cpu", help="torch device of the learner (default cpu)")
     p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"), help="learner DiT dtype")
@@ -109,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
         summary = collect_dagger_round(
             learner, cfg, args.seed, args.beta, tmp_out / "episodes", tmp_occ, workers=args.workers,
             scene_offset=args.scene_offset, max_steps=args.max_steps, progress=not args.no_progress,
-            drive_workers=args.drive_workers,
+            drive_workers=args.drive_workers, execute_steps=args.execute_steps,
         )  # fmt: skip
         info = {
             "name": args.policy_checkpoint.resolve().name,

@@ -211,6 +211,7 @@ def collect_dagger_round(
     max_steps: int | None = None,
     progress: bool = True,
     drive_workers: int = 1,
+    execute_steps: int = 8,
 ) -> dict:
     """Drives ``cfg.num_scenes x cfg.episodes_per_scene`` episodes with the mixed policy and writes them.
 
@@ -227,6 +228,8 @@ def collect_dagger_round(
         max_steps: Motion steps per episode (default: the collector's ``policy.max_steps``).
         progress: Show progress bars.
         drive_workers: Processes driving episodes, each with its own learner (:mod:`verl_omni.sim.loop_pool`).
+        execute_steps: Action steps the behaviour policy executes per call before it is asked again (8, one
+            chunk; fewer replans more often, as the learner may be deployed).
 
     Returns:
         Summary: episodes, queries, frames, events, the behaviour's expert share, the learner's SR on the round.
@@ -247,6 +250,7 @@ def collect_dagger_round(
         max_steps=max_steps or cfg.collector.policy.max_steps,
         robot_radius=cfg.collector.planner.robot_radius,
         fov_deg=cfg.collector.camera.fov_deg,
+        execute_steps=execute_steps,
     )
     results, calls = run_closed_loop_pool(factory, by_id, [t.spec for t in tasks], loop, drive_workers, progress,
                                           "drive")  # fmt: skip
@@ -272,6 +276,7 @@ def collect_dagger_round(
     learner_only = [r for r in results if calls[r.episode_id]["expert_calls"] == 0]
     return {
         "episodes": len(results),
+        "execute_steps": execute_steps,
         "queries": sum(s["queries"] for s in summaries),
         "frames": sum(s["frames"] for s in summaries),
         "events": {e: int(events.get(e, 0)) for e in EVENT_NAMES},
