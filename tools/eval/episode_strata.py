@@ -146,9 +146,9 @@ def main(argv=None) -> int:
         print(f"| {name} ({share[name]:.0%}) | " + " | ".join(cells) + " |")
     if args.output is not None:
         payload = {"arguments": {k: str(v) for k, v in vars(args).items()}, "share": share, "rates": rates}
-        tmp = args.output.with_name(args.output.name + ".tmp")
-        tmp.write_text(json.dumps(payload, indent=1))
-        tmp.rename(args.output)
+        from verl_omni.utils.run_layout import atomic_write_text
+
+        atomic_write_text(args.output, json.dumps(payload, indent=1))
         print(f"\nwrote {args.output}")
     return 0
 

@@ -23,6 +23,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from verl_omni.sim.eval_metrics import aggregate, format_estimate, paired_differences, report_runs  # noqa: E402
+from verl_omni.utils.run_layout import atomic_write_text  # noqa: E402
 
 COLUMNS = (
     ("success", "SR"),
@@ -112,9 +113,7 @@ def main(argv=None) -> int:
         return 2
     print(format_tables(result))
     if args.output is not None:
-        tmp = args.output.with_name(args.output.name + ".tmp")
-        tmp.write_text(json.dumps(result, indent=1))
-        tmp.replace(args.output)
+        atomic_write_text(args.output, json.dumps(result, indent=1))
         print(f"wrote {args.output}")
     return 0
 
