@@ -14,20 +14,20 @@
 # DAgger rounds from a carried checkpoint: with TWO_ROOMS_FROM=CKPT (a two_rooms round of an earlier run, e.g. one
 # brought back from a GPU machine that has since gone), steps 1-4 are replaced by one train_stage2.py run in
 # RUN_DIR/two_rooms_dagger whose round 0 is CKPT unchanged (--sft-steps 0) over a fresh REPLAY_SCENES-scene round-0
-# collection (200), and whose rounds 1..ROUNDS-1 are DAgger rounds driven from it that aggregate that collection
-# with their own (ROUNDS=2: one DAgger round, estimated at about 550 s on one H200 with ROUND_STEPS=1000, so that
-# one round fits a 10-minute call from a fresh machine; not yet run on a GPU).
+# collection (400), and whose rounds 1..ROUNDS-1 are DAgger rounds driven from it that aggregate that collection
+# with their own (ROUNDS=2: one DAgger round, 739 s on one H200 in session 15, where it raised the two_rooms SR from
+# 0.220 to 0.318; docs/results.md).
 #
 # From a carried one_room checkpoint: with ONE_ROOM_FROM=CKPT (a one_room round 0 of an earlier run), steps 1 and 3
 # are skipped and the two_rooms collection is synthesized on all WORKERS before its rounds start from CKPT.
 #
 # Settings (environment): DEVICE (cuda), WORKERS (all cores), SYN_WORKERS (WORKERS - 4), ONE_ROOM_SCENES (200),
 # TWO_ROOMS_SCENES (800), ROUNDS (2), DAGGER_SCENES (200), ONE_ROOM_STEPS (2000), TWO_ROOMS_STEPS (2000),
-# ROUND_STEPS (1500), EVAL_SEED (2000), SEED (0), ONE_ROOM_EVAL (1; 0 skips the one_room evaluation),
+# ROUND_STEPS (1000), EVAL_SEED (2000), SEED (0), ONE_ROOM_EVAL (1; 0 skips the one_room evaluation),
 # EVAL_EXECUTE_STEPS (3: the checkpoints replan every 3 action steps in the closed-loop evaluations, measured
 # against 8, one chunk, in docs/results.md; reports of other values than 8 are labelled <name>_x<steps>),
-# DAGGER_EXECUTE_STEPS (8: steps the DAgger behaviour policy executes per call; 3 drives as the evaluation does,
-# not yet measured), TWO_ROOMS_EVAL_ROUNDS (the two_rooms rounds to evaluate, e.g. "1"; default all),
+# DAGGER_EXECUTE_STEPS (3: steps the DAgger behaviour policy executes per call, as the evaluation replans; 8 drives
+# whole chunks), TWO_ROOMS_EVAL_ROUNDS (the two_rooms rounds to evaluate, e.g. "1"; default all),
 # TWO_ROOMS_EVAL_PLAIN (1; 0 evaluates the two_rooms rounds with their STOP gate only, one closed-loop pass a round
 # less), TWO_ROOMS_FROM and REPLAY_SCENES (above), STAGE2_MODEL (the model's --set flags; default the 8-layer x 256
 # model below). Extra flags go to every train_stage2.py call after the recipe's own, so they override it (e.g.
@@ -53,7 +53,7 @@ EVAL_SEED=${EVAL_SEED:-2000}
 SEED=${SEED:-0}
 ONE_ROOM_STEPS=${ONE_ROOM_STEPS:-2000}
 TWO_ROOMS_STEPS=${TWO_ROOMS_STEPS:-2000}
-ROUND_STEPS=${ROUND_STEPS:-1500}
+ROUND_STEPS=${ROUND_STEPS:-1000}
 ONE_EVAL=()
 if [ "${ONE_ROOM_EVAL:-1}" = 0 ]; then ONE_EVAL=(--eval-rounds); fi
 TWO_EVAL=()
@@ -64,7 +64,7 @@ if [ "${TWO_ROOMS_EVAL_PLAIN:-1}" = 0 ]; then TWO_EVAL+=(--no-eval-plain); fi
 TASK=(--episodes-per-scene 4 --goal-variants 3 --face-goal-object --goal-point nearest --seed "$SEED")
 COMMON=("${TASK[@]}" --device "$DEVICE" --lr 5e-4 --eval-scenes 40 --eval-episodes 400 --eval-seed "$EVAL_SEED"
   --probe-states 256 --eval-execute-steps "${EVAL_EXECUTE_STEPS:-3}"
-  --dagger-execute-steps "${DAGGER_EXECUTE_STEPS:-8}" --skip-baselines --view-aux-weight 1
+  --dagger-execute-steps "${DAGGER_EXECUTE_STEPS:-3}" --skip-baselines --view-aux-weight 1
   --independent-action-noise 0.5 --no-progress)
 # shellcheck disable=SC2206  # word splitting of STAGE2_MODEL is intended
 MODEL=(${STAGE2_MODEL:---set num_layers=8 --set num_heads=8 --set ffn_dim=1024 --set text_max_length=64})
@@ -83,7 +83,7 @@ if [ -n "${TWO_ROOMS_FROM:-}" ]; then
     echo "TWO_ROOMS_FROM needs ROUNDS >= 2 (round 0 is the carried checkpoint; round 1 is the first DAgger round)" >&2
     exit 2
   fi
-  REPLAY_SCENES=${REPLAY_SCENES:-200}
+  REPLAY_SCENES=${REPLAY_SCENES:-400}
   stamp "two_rooms DAgger rounds 1..$((ROUNDS - 1)) from $FROM (round 0 unchanged, $REPLAY_SCENES replay scenes)"
   # shellcheck disable=SC2046  # word splitting of seq's output is intended
   "$PY" scripts/train_stage2.py --workdir "$RUN/two_rooms_dagger" --level two_rooms --scenes "$REPLAY_SCENES" \

@@ -253,17 +253,52 @@ def _synthesize(args, out: Path) -> None:
     )  # fmt: skip
 
 
-def _readme(name: str, args, rnd: int, provenance: dict, evaluation: dict | None) -> str:
+def _lineage(init_checkpoint: Path | None) -> list[str]:
+    """The carried checkpoint's own Data and Training sections, so a card names every step that made the weights."""
+    card = None if init_checkpoint is None else init_checkpoint / "README.md"
+    if card is None or not card.is_file():
+        return []
+    kept, keep = [], False
+    for line in card.read_text().splitlines():
+        if line.startswith("## "):
+            keep = line[3:].strip() in ("Data", "Training")
+        elif keep and line.startswith("- "):
+            kept.append("  " + line)
+    if not kept:
+        return []
+    return ["", f"## Lineage: `{init_checkpoint.name}`, as its own README gives it", *kept]
+
+
+def _readme(name: str, args, rnd: int, provenance: dict, evaluation: dict | None, model_config=None) -> str:
+    """The model card saved as the checkpoint's README.md (listed in its manifest, so written once, at save time).
+
+    Args:
+        model_config: The saved model's ``WNMConfig``; its transformer dims are named (with ``--init-checkpoint``
+            they come from that checkpoint, not from ``--size``).
+    """
+    dims = (
+        ""
+        if model_config is None
+        else f" ({model_config.num_layers} layers, {model_config.num_heads} heads x {model_config.head_dim}, "
+        f"FFN {model_config.ffn_dim})"
+    )
     lines = [
         f"# {name}",
         "",
-        f"WNM world-action model, Stage II (round {rnd} of closed-loop DAgger-SFT), size `{args.size}` on the "
+        f"WNM world-action model, Stage II (round {rnd} of closed-loop DAgger-SFT), size `{args.size}`{dims} on the "
         f"synthetic `{args.level}` task level. Trained by `scripts/train_stage2.py`.",
         "",
         "## Data",
         f"- round 0: noisy-expert collection, {args.scenes} scenes x {args.episodes_per_scene} episodes (seed "
-        f"{args.seed}); rounds 1..{rnd}: DAgger rounds of {args.dagger_scenes} fresh scenes each, driven by the "
-        "previous checkpoint mixed with the expert, relabelled by the expert.",
+        f"{args.seed})"
+        + (
+            f"; rounds 1..{rnd}: DAgger rounds of {args.dagger_scenes} fresh scenes each, driven by the previous "
+            f"checkpoint (executing {args.dagger_execute_steps} of its 8 steps a call) mixed with the expert at "
+            f"expert share {args.beta0} x {args.beta_decay}^(round - 1), relabelled by the expert; every round "
+            "trains on all rounds' rows so far."
+            if rnd > 0
+            else "."
+        ),
         f"- query states used: {provenance.get('train_rows', '?')} training rows.",
         *(
             [
@@ -284,8 +319,10 @@ def _readme(name: str, args, rnd: int, provenance: dict, evaluation: dict | None
         "## Training",
         f"- joint flow matching (video + actions), AdamW lr {args.lr}, batch {args.batch_size}, action weight "
         f"{args.action_weight}; steps: {provenance.get('sft_steps_total', '?')} in all; seed {args.seed}; device "
-        f"{args.device}.",
-        f"- model settings over `{args.size}`: {', '.join(args.set) if args.set else 'none'}.",
+        f"{args.device}, {'float32' if args.sft_autocast == 'none' else 'autocast ' + args.sft_autocast}.",
+        f"- model: that of `{args.init_checkpoint.name}`."
+        if args.init_checkpoint is not None
+        else f"- model settings over `{args.size}`: {', '.join(args.set) if args.set else 'none'}.",
     ]
     if provenance.get("stop_gate"):
         lines.append(
@@ -293,6 +330,7 @@ def _readme(name: str, args, rnd: int, provenance: dict, evaluation: dict | None
             f"within {provenance['stop_gate']['stop_distance_m']:.2f} m; `WNMPolicy(stop_gate=...)`, "
             "`closed_loop_eval.py --stop-gate`)."
         )
+    lines += _lineage(args.init_checkpoint)
     lines += [
         "",
         "## Evaluation",
@@ -626,7 +664,7 @@ def _train_round(args, config, rnd: int, data: Path, ckpt: Path, state: RoundSta
         if gate is not None:
             prov["stop_gate"] = {"stop_distance_m": gate.stop_distance_m, "quantile": gate.quantile,
                                  "within_steps": gate.within_steps}  # fmt: skip
-        save_wnm_checkpoint(model.to("cpu"), ckpt, prov, readme=_readme(ckpt.name, args, rnd, prov, None),
+        save_wnm_checkpoint(model.to("cpu"), ckpt, prov, readme=_readme(ckpt.name, args, rnd, prov, None, model.config),
                             stop_gate=gate)  # fmt: skip
         _log(f"round {rnd}: SFT {steps} steps, held-out loss {result['initial_heldout']['loss']:.3f} -> "
              f"{result['final_heldout']['loss']:.3f} (action {result['final_heldout']['action']:.3f}); action loss "

@@ -150,8 +150,17 @@ def test_init_checkpoint_starts_round_0_from_another_level(tmp_path, gated_one_r
     prov = json.loads((out / "checkpoint_manifest.json").read_text())["provenance"]
     init_sha = hashlib.sha256((init / "checkpoint_manifest.json").read_bytes()).hexdigest()
     assert prov["init_checkpoint"]["manifest_sha256"] == init_sha
-    assert "started from `stage2_r0`" in (out / "README.md").read_text()
-    assert "goal point `nearest`" in (out / "README.md").read_text()
+    card = (out / "README.md").read_text()
+    assert "started from `stage2_r0`" in card
+    assert "goal point `nearest`" in card
+    # The card names the model it really holds (the init's dims, not --size's) and the init's own data and training.
+    cfg = json.loads((init / "config.json").read_text())["model_config"]
+    assert f"({cfg['num_layers']} layers, {cfg['num_heads']} heads x {cfg['head_dim']}, FFN {cfg['ffn_dim']})" in card
+    assert "model: that of `stage2_r0`" in card and "device cpu, float32." in card
+    lineage = card.split("## Lineage: `stage2_r0`, as its own README gives it", 1)[1].split("## Evaluation")[0]
+    init_card = (init / "README.md").read_text()
+    assert "one_room" in init_card and "  - round 0: noisy-expert collection" in lineage
+    assert all(line.strip() in init_card for line in lineage.strip().splitlines())
     # Refused before any work: a folder that is not a checkpoint, or model settings beside it.
     for extra, needle in ((["--init-checkpoint", str(tmp_path)], "checkpoint_manifest.json"),
                           (["--init-checkpoint", str(init), "--set", "num_layers=2"], "--size/--set")):  # fmt: skip
