@@ -16,7 +16,6 @@ generation and the relabelling/rendering/encoding of finished episodes run in ``
 from __future__ import annotations
 
 import json
-import math
 import zlib
 from collections import Counter
 from collections.abc import Sequence
@@ -283,7 +282,9 @@ def collect_dagger_round(
         "expert_call_share": calls_e / max(1, calls_e + calls_l),
         "behaviour_success_rate": float(np.mean([r.success for r in results])),
         "learner_only_episodes": len(learner_only),
-        "learner_only_success_rate": float(np.mean([r.success for r in learner_only])) if learner_only else math.nan,
+        # None, not NaN, when no episode was driven by the learner alone: collection.json must stay strict JSON
+        # (the converter's manifest refuses NaN).
+        "learner_only_success_rate": float(np.mean([r.success for r in learner_only])) if learner_only else None,
     }
 
 
