@@ -72,6 +72,15 @@ def cmd_prepare(args: argparse.Namespace) -> int:
             heldout_scenes=args.heldout_scenes,
             heldout_seed=args.heldout_seed,
             workers=args.workers,
+            stage2_checkpoint=str(args.stage2_checkpoint.resolve()) if args.stage2_checkpoint else "",
+            level=args.level,
+            goal_point=args.goal_point,
+            face_goal_object=args.face_goal_object,
+            behaviour_beta=args.behaviour_beta,
+            behaviour_execute_steps=args.behaviour_execute_steps,
+            behaviour_max_steps=args.behaviour_max_steps,
+            behaviour_num_steps=args.behaviour_num_steps,
+            device=args.device,
         )
     except ValueError as e:
         raise StudyError(str(e)) from e
@@ -158,8 +167,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     carry = args.workdir / "carry"
     archive = args.workdir / CARRY_ARCHIVE
     results = args.workdir / args.results_name
-    if results.exists():
-        raise StudyError(f"{results}: already exists; pass a new --results-name (never overwritten)")
+    if results.exists() and not args.resume:
+        raise StudyError(f"{results}: already exists; pass a new --results-name (never overwritten) or --resume")
+    if args.resume and not (results / "status.json").is_file():
+        raise StudyError(f"--resume: {results / 'status.json'} not found; nothing to resume (run without --resume)")
     if args.pack is not None and args.pack.exists():
         raise StudyError(f"--pack {args.pack}: already exists; choose a new file name")
     try:
@@ -181,10 +192,26 @@ def cmd_run(args: argparse.Namespace) -> int:
     configs = [
         (r.name, study_plan.trainer_config(r, settings, ws, results / "runs" / r.name / "out", locked)) for r in runs
     ]
+    task = ws["desc"].get("settings", {})
+    heldout: dict = {}
+    if args.heldout_seed is not None:
+        heldout = {
+            "synthesize": args.heldout_scenes or 40,
+            "seed": args.heldout_seed,
+            "level": task.get("level", "house"),
+            "goal_point": task.get("goal_point", "random"),
+        }
+    elif args.heldout_scenes is not None:
+        raise StudyError("--heldout-scenes needs --heldout-seed (the carried scenes are used otherwise)")
+    common = {"execute_steps": args.eval_execute_steps, "stop_gate": args.stop_gate, "workers": args.eval_workers}
     if args.cpu:
-        ev = EvalSettings(episodes=args.eval_episodes or 4, max_steps=args.eval_max_steps or 16, device="cpu")
+        ev = EvalSettings(
+            episodes=args.eval_episodes or 4, max_steps=args.eval_max_steps or 16, device="cpu", **common, **heldout
+        )
     else:
-        ev = EvalSettings(episodes=args.eval_episodes or 96, max_steps=args.eval_max_steps or 128, device="cuda")
+        ev = EvalSettings(
+            episodes=args.eval_episodes or 96, max_steps=args.eval_max_steps or 128, device="cuda", **common, **heldout
+        )
     runner = StudyRunner(
         results,
         configs,
@@ -197,6 +224,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         deadline_s=args.deadline_s or (2400.0 if args.cpu else 450.0),
         threads_per_job=args.threads_per_job or (1 if args.cpu else 2),
         meta={"settings": vars(settings), "workspace": ws["desc"], "argv": sys.argv[1:]},
+        resume=args.resume,
     )
     print(
         f"study: {len(configs)} runs ({', '.join(n for n, _ in configs)}), {settings.steps} steps each, "
@@ -316,6 +344,30 @@ def build_parser() -> argparse.ArgumentParser:
     pp.add_argument("--heldout-seed", type=int, default=d.heldout_seed)
     pp.add_argument("--workers", type=int, default=d.workers)
     pp.add_argument("--carry-limit-mb", type=float, default=8.0, help="warn (exit 1) above this carry size")
+    pp.add_argument(
+        "--stage2-checkpoint",
+        type=Path,
+        help="a trained Stage-II checkpoint (e.g. a scripts/train_stage2.py DAgger round): no stand-in is trained, "
+        "and the Stage-III collection is gathered with it as the behaviour policy (tools/data/collect_dagger.py)",
+    )
+    pp.add_argument("--level", default=d.level, help=f"task level of the collection and held-out scenes ({d.level})")
+    pp.add_argument("--goal-point", choices=("random", "nearest"), default=d.goal_point, help="goal rule")
+    pp.add_argument("--face-goal-object", action="store_true", help="the expert turns to the object before STOP")
+    pp.add_argument(
+        "--behaviour-beta",
+        type=float,
+        default=d.behaviour_beta,
+        help=f"with --stage2-checkpoint: expert share of the collection's policy calls ({d.behaviour_beta})",
+    )
+    pp.add_argument(
+        "--behaviour-execute-steps",
+        type=int,
+        default=d.behaviour_execute_steps,
+        help=f"with --stage2-checkpoint: steps the behaviour policy executes per call ({d.behaviour_execute_steps})",
+    )
+    pp.add_argument("--behaviour-max-steps", type=int, default=d.behaviour_max_steps, help="steps per episode")
+    pp.add_argument("--behaviour-num-steps", type=int, default=d.behaviour_num_steps, help="behaviour ODE steps")
+    pp.add_argument("--device", default=d.device, help=f"torch device of the behaviour policy ({d.device})")
     pp.set_defaults(func=cmd_prepare)
 
     pr = sub.add_parser("run", help="train, export and evaluate every run (GPU box; --cpu for a dry run)")
@@ -340,6 +392,22 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("--deadline-s", type=float, help="stop everything after this (450 GPU, 2400 CPU)")
     pr.add_argument("--results-name", default="results", help="results folder inside --workdir")
     pr.add_argument("--pack", type=Path, help="write a tar.gz of the results (no weights) here")
+    pr.add_argument(
+        "--heldout-seed",
+        type=int,
+        help="evaluate on scenes and episodes the evaluator draws from this held-out seed (closed_loop_eval.py "
+        "--synthesize --seed, on the workspace's level and goal rule); default: the workspace's held-out scenes",
+    )
+    pr.add_argument("--heldout-scenes", type=int, help="with --heldout-seed: scenes drawn (default 40)")
+    pr.add_argument("--eval-execute-steps", type=int, default=8, help="action steps executed per policy call (8)")
+    pr.add_argument("--stop-gate", action="store_true", help="evaluate with the checkpoints' STOP gate")
+    pr.add_argument("--eval-workers", type=int, default=1, help="processes per evaluation (default 1)")
+    pr.add_argument(
+        "--resume",
+        action="store_true",
+        help="go on with --results-name from an earlier call: finished runs are kept, trainings resume from "
+        "their last checkpoint, cut-off evaluations run again",
+    )
     pr.set_defaults(func=cmd_run)
 
     pt = sub.add_parser("report", help="plots and tables from a results folder or tarball")

@@ -30,7 +30,18 @@ STAGE2 = "stage2"
 
 @dataclass
 class EvalSettings:
-    """Closed-loop evaluation settings shared by every evaluated checkpoint (same episodes and noise)."""
+    """Closed-loop evaluation settings shared by every evaluated checkpoint (same episodes and noise).
+
+    Attributes:
+        episodes / max_steps / num_steps / seed / device / dtype: ``closed_loop_eval.py`` flags of the same names
+            (``seed`` is the held-out seed: scenes, episodes and noise).
+        synthesize: > 0: the evaluator draws this many held-out scenes itself (``--synthesize``, on ``level`` with
+            ``goal_point``), the draw every other evaluation of that level and seed makes; 0: the carried scenes.
+        level / goal_point: Task of the synthesized scenes and episodes.
+        execute_steps: Action steps executed per policy call (8: whole chunks).
+        stop_gate: Evaluate with the checkpoints' STOP gate (a Stage-III export carries its base's).
+        workers: Processes per evaluation.
+    """
 
     episodes: int = 96
     max_steps: int = 128
@@ -38,23 +49,26 @@ class EvalSettings:
     seed: int = 7
     device: str = "cpu"
     dtype: str = "float32"
+    synthesize: int = 0
+    level: str = "house"
+    goal_point: str = "random"
+    execute_steps: int = 8
+    stop_gate: bool = False
+    workers: int = 1
 
     def argv(self, scenes: Path) -> list[str]:
+        where = (
+            ["--synthesize", str(self.synthesize), "--level", self.level, "--goal-point", self.goal_point]
+            if self.synthesize > 0
+            else ["--scenes", str(scenes)]
+        )
         return [
-            "--scenes",
-            str(scenes),
-            "--episodes",
-            str(self.episodes),
-            "--max-steps",
-            str(self.max_steps),
-            "--num-steps",
-            str(self.num_steps),
-            "--seed",
-            str(self.seed),
-            "--device",
-            self.device,
-            "--dtype",
-            self.dtype,
+            *where,
+            *("--episodes", str(self.episodes), "--max-steps", str(self.max_steps)),
+            *("--num-steps", str(self.num_steps), "--seed", str(self.seed)),
+            *("--device", self.device, "--dtype", self.dtype),
+            *("--execute-steps", str(self.execute_steps), "--workers", str(self.workers)),
+            *(["--stop-gate"] if self.stop_gate else []),
             "--no-progress",
         ]
 
@@ -149,6 +163,10 @@ class StudyRunner:
         train_deadline_s / deadline_s: Wall-clock guards (seconds from start).
         threads_per_job: ``OMP_NUM_THREADS`` of every job.
         meta: Written to ``results/study.json`` (settings, workspace description, command line).
+        resume: Go on with an earlier invocation's ``results`` (e.g. on a machine that gives 10-minute calls):
+            finished runs are kept, a run whose last checkpoint is its final step is exported and evaluated, the
+            other trainings resume from their last checkpoint (``trainer.resume=auto``); evaluations cut off
+            are moved aside and run again.
     """
 
     def __init__(
@@ -164,6 +182,7 @@ class StudyRunner:
         deadline_s: float,
         threads_per_job: int = 2,
         meta: dict | None = None,
+        resume: bool = False,
     ) -> None:
         self.results = results
         self.ckpt = ckpt
@@ -178,6 +197,7 @@ class StudyRunner:
         self.jobs: dict[str, Job] = {}
         self.t0 = 0.0
         self.meta = meta or {}
+        self.resume = resume
 
     # ------------------------------------------------------------------------------------------ status
     def _write_status(self) -> None:
@@ -207,7 +227,7 @@ class StudyRunner:
 
         run_dir = self.results / "runs" / name
         cfg_dir = run_dir / "config"
-        cfg_dir.mkdir(parents=True)
+        cfg_dir.mkdir(parents=True, exist_ok=self.resume)
         (cfg_dir / "run.yaml").write_text(yaml.safe_dump(self.configs[name], sort_keys=False))
         # Ray's socket paths must stay below 107 bytes: a short temp dir per run, outside the results.
         ray_tmp = Path("/tmp") / f"wst_{os.getpid()}_{len(self.jobs)}"
@@ -244,6 +264,8 @@ class StudyRunner:
 
     def _start_eval(self, name: str, ckpt: Path) -> None:
         out = self.results / "evals" / name
+        if out.exists():  # left by an evaluation that was cut off (resume): kept aside, never deleted
+            out.rename(out.with_name(f"{name}.cut-off-{int(time.time())}"))
         job = Job(
             f"eval:{name}",
             self._python(
@@ -293,6 +315,9 @@ class StudyRunner:
         elif st["state"] == "trained":
             if self._count("exporting") + self._count("evaluating") < self.max_eval:
                 self._start_export(name, Path(latest_checkpoint(Path(st["output_dir"]))))
+        elif st["state"] == "exported":
+            if self._count("exporting") + self._count("evaluating") < self.max_eval:
+                self._start_eval(name, Path(st["export"]))
         elif st["state"] == "exporting":
             rc = job.poll()
             if rc is None:
@@ -318,13 +343,41 @@ class StudyRunner:
             elif self._count("training") < self.max_train:
                 self._start_training(name)
 
+    def _take_over(self) -> None:
+        """Resume: the state of each run from the earlier invocation's ``status.json`` and its files."""
+        status = self.results / "status.json"
+        if not status.is_file():
+            raise FileNotFoundError(f"{status}: not found; nothing to resume (run without --resume first)")
+        before = json.loads(status.read_text())["runs"]
+        for name in list(self.state):
+            prev = before.get(name, {})
+            if prev.get("state") == "done":
+                self.state[name] = prev
+                continue
+            export = self.results / "runs" / name / "export"
+            if name != STAGE2 and (export / "checkpoint_manifest.json").is_file():
+                self.state[name] = {**prev, "state": "exported", "export": str(export)}
+                continue
+            if name == STAGE2:
+                continue
+            out = self.results / "runs" / name / "out"
+            self.configs[name]["trainer"]["resume"] = "auto"
+            ckpt = latest_checkpoint(out) if out.is_dir() else None
+            total = self.configs[name]["trainer"]["total_steps"]
+            if ckpt is not None and ckpt.name == f"global_step_{total}":
+                self.state[name] = {**prev, "state": "trained", "output_dir": str(out)}
+        print(f"[study] resuming {self.results}: { ({n: s['state'] for n, s in self.state.items()}) }", flush=True)
+
     def run(self) -> dict:
         """Runs everything; returns the final status per run. Never raises for a failing run."""
-        self.results.mkdir(parents=True)
-        (self.results / "study.json").write_text(json.dumps(self.meta, indent=1, default=list) + "\n")
+        if self.resume:
+            self._take_over()
+        else:
+            self.results.mkdir(parents=True)
+            (self.results / "study.json").write_text(json.dumps(self.meta, indent=1, default=list) + "\n")
         self.t0 = time.time()
         self._write_status()
-        active = ("pending", "training", "trained", "exporting", "evaluating")
+        active = ("pending", "training", "trained", "exported", "exporting", "evaluating")
         try:
             while any(s["state"] in active for s in self.state.values()):
                 now = time.time()

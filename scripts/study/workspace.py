@@ -5,6 +5,12 @@
 training-subset sampler and the event-val builder, then writes held-out evaluation scenes from the
 evaluator's own held-out seed stream (``verl_omni.sim.heldout``), which never yields a training scene.
 
+With a Stage-II checkpoint given (``WorkspaceSettings.stage2_checkpoint``, e.g. a ``scripts/train_stage2.py``
+DAgger round), no stand-in is trained: the checkpoint is copied in and the Stage-III collection is gathered with
+it as the behaviour policy (``tools/data/collect_dagger.py``: the policy drives, mixed with the expert at
+``behaviour_beta``, and the expert relabels every visited query state, so the rewards' references are the
+expert's continuations from the states that policy reaches), on the checkpoint's task level and goal rule.
+
 ``pack_carry`` copies what a training run and the evaluator read (checkpoint, training and validation
 Parquet with their manifests, occupancy scenes, held-out scenes and only the videos the Parquet rows
 reference) into ``carry/``, with a ``workspace.json`` of paths relative to it. ``relocate`` points the
@@ -20,6 +26,8 @@ import subprocess
 import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
+
+from verl_omni.sim.label_args import label_flags
 
 from .plan import REPO
 
@@ -38,6 +46,16 @@ class WorkspaceSettings:
         per_event: Validation rows per event type.
         heldout_scenes / heldout_seed: Held-out evaluation scenes.
         workers: Worker processes of the data commands.
+        stage2_checkpoint: A trained Stage-II checkpoint to start from ("" = train the tiny stand-in above; the
+            ``sft_*`` fields are then unused).
+        level / goal_point / face_goal_object: Task of the collection and of the held-out scenes
+            (``verl_omni.sim.levels``; ``house``/``random`` is the stand-in study's).
+        behaviour_beta: With ``stage2_checkpoint``: probability that a policy call of the collection follows the
+            expert instead of the checkpoint (0 = the checkpoint alone).
+        behaviour_execute_steps: With ``stage2_checkpoint``: action steps the behaviour policy executes per call.
+        behaviour_max_steps / behaviour_num_steps: With ``stage2_checkpoint``: motion steps per collected episode
+            and ODE steps of the behaviour policy (``collect_dagger.py --max-steps / --num-steps``).
+        device: Torch device of the behaviour policy.
     """
 
     scenes: int = 8
@@ -53,11 +71,34 @@ class WorkspaceSettings:
     heldout_scenes: int = 8
     heldout_seed: int = 5
     workers: int = 2
+    stage2_checkpoint: str = ""
+    level: str = "house"
+    goal_point: str = "random"
+    face_goal_object: bool = False
+    behaviour_beta: float = 0.5
+    behaviour_execute_steps: int = 3
+    behaviour_max_steps: int = 160
+    behaviour_num_steps: int = 10
+    device: str = "cpu"
 
     def __post_init__(self) -> None:
-        for name in ("scenes", "episodes_per_scene", "train_size", "per_event", "heldout_scenes", "workers"):
+        from verl_omni.sim.levels import LEVELS
+
+        names = ("scenes", "episodes_per_scene", "train_size", "per_event", "heldout_scenes", "workers")
+        for name in (*names, "behaviour_execute_steps", "behaviour_max_steps", "behaviour_num_steps"):
             if getattr(self, name) < 1:
                 raise ValueError(f"WorkspaceSettings.{name}: must be >= 1, got {getattr(self, name)}")
+        if self.level not in LEVELS:
+            raise ValueError(f"WorkspaceSettings.level: {self.level!r} is not a task level; known: {sorted(LEVELS)}")
+        if self.goal_point not in ("random", "nearest"):
+            raise ValueError(f"WorkspaceSettings.goal_point: must be random or nearest, got {self.goal_point!r}")
+        if not 0.0 <= self.behaviour_beta <= 1.0:
+            raise ValueError(f"WorkspaceSettings.behaviour_beta: must be in [0, 1], got {self.behaviour_beta}")
+        if self.stage2_checkpoint and not (Path(self.stage2_checkpoint) / "checkpoint_manifest.json").is_file():
+            raise ValueError(
+                f"WorkspaceSettings.stage2_checkpoint: {self.stage2_checkpoint} is not a complete WNM checkpoint (no "
+                "checkpoint_manifest.json); pass the folder of a scripts/train_stage2.py round"
+            )
         if self.sft_steps < 0:
             raise ValueError(f"WorkspaceSettings.sft_steps: must be >= 0, got {self.sft_steps}")
         if self.train_size >= self.scenes * self.episodes_per_scene:
@@ -84,14 +125,16 @@ def run_tool(args: list[str], log: Path) -> None:
         raise RuntimeError(f"{args[0]} failed with exit code {proc.returncode}; see {log}:\n{tail}")
 
 
-def build_full(root: Path, s: WorkspaceSettings, log: Path) -> dict[str, Path]:
-    """Builds the complete workspace under ``root`` (must not exist). Returns its paths."""
-    from verl_omni.sim.floorplan import FloorPlanConfig
-    from verl_omni.sim.heldout import synthesize_heldout_scenes
+def _task_flags(s: WorkspaceSettings) -> list[str]:
+    """Level and goal-rule flags of the data commands (none at the stand-in study's defaults, as before)."""
+    if (s.level, s.goal_point, s.face_goal_object) == ("house", "random", False):
+        return []
+    return ["--level", s.level, *label_flags("map", s.face_goal_object, s.goal_point)]
 
-    ws = {k: root / k for k in ("collection", "scenes", "ckpt", "converted", "train", "eventval", "heldout_scenes")}
-    root.mkdir(parents=True)
-    steps = [
+
+def _stand_in_steps(ws: dict[str, Path], s: WorkspaceSettings) -> list[tuple[str, list[str]]]:
+    """A synthesized noisy-expert collection and the tiny Stage-II stand-in trained on it."""
+    return [
         (
             "synthesize",
             [
@@ -99,6 +142,7 @@ def build_full(root: Path, s: WorkspaceSettings, log: Path) -> dict[str, Path]:
                 *("--output-dir", str(ws["collection"]), "--occupancy-dir", str(ws["scenes"])),
                 *("--num-scenes", str(s.scenes), "--episodes-per-scene", str(s.episodes_per_scene)),
                 *("--seed", str(s.collection_seed), "--image-size", "64", "--workers", str(s.workers)),
+                *_task_flags(s),
             ],
         ),
         (
@@ -111,6 +155,42 @@ def build_full(root: Path, s: WorkspaceSettings, log: Path) -> dict[str, Path]:
                 *("--action-weight", str(s.sft_action_weight), "--eval-every", "100", "--no-progress"),
             ],
         ),
+    ]
+
+
+def _stage2_steps(ws: dict[str, Path], s: WorkspaceSettings) -> list[tuple[str, list[str]]]:
+    """The given Stage-II checkpoint, copied in, drives the Stage-III collection (expert-relabelled)."""
+    src = Path(s.stage2_checkpoint)
+    print(f"== stage-II checkpoint: {src}", flush=True)
+    shutil.copytree(src, ws["ckpt"])
+    return [
+        (
+            "collect with the stage-II policy",
+            [
+                "tools/data/collect_dagger.py",
+                *("--policy-checkpoint", str(ws["ckpt"]), "--beta", str(s.behaviour_beta)),
+                *("--execute-steps", str(s.behaviour_execute_steps), "--device", s.device),
+                *("--max-steps", str(s.behaviour_max_steps), "--num-steps", str(s.behaviour_num_steps)),
+                *("--output-dir", str(ws["collection"]), "--occupancy-dir", str(ws["scenes"])),
+                *("--num-scenes", str(s.scenes), "--episodes-per-scene", str(s.episodes_per_scene)),
+                *("--seed", str(s.collection_seed), "--workers", str(s.workers), "--no-progress"),
+                *_task_flags(s),
+            ],
+        ),
+    ]
+
+
+def build_full(root: Path, s: WorkspaceSettings, log: Path) -> dict[str, Path]:
+    """Builds the complete workspace under ``root`` (must not exist). Returns its paths."""
+    from verl_omni.sim.collector import CollectorConfig
+    from verl_omni.sim.floorplan import FloorPlanConfig
+    from verl_omni.sim.heldout import synthesize_heldout_scenes
+    from verl_omni.sim.levels import get_level
+
+    ws = {k: root / k for k in ("collection", "scenes", "ckpt", "converted", "train", "eventval", "heldout_scenes")}
+    root.mkdir(parents=True)
+    steps = _stage2_steps(ws, s) if s.stage2_checkpoint else _stand_in_steps(ws, s)
+    steps += [
         (
             "convert",
             [
@@ -144,7 +224,13 @@ def build_full(root: Path, s: WorkspaceSettings, log: Path) -> dict[str, Path]:
         print(f"== {label}: {' '.join(args[:1])}", flush=True)
         run_tool(args, log)
     print("== held-out scenes", flush=True)
-    for plan in synthesize_heldout_scenes(s.heldout_scenes, s.heldout_seed, FloorPlanConfig()):
+    if s.level == "house" and s.goal_point == "random":
+        plans = synthesize_heldout_scenes(s.heldout_scenes, s.heldout_seed, FloorPlanConfig())
+    else:  # the evaluator's own draw for a level (closed_loop_eval.py --synthesize --level --goal-point)
+        level = get_level(s.level)
+        task = CollectorConfig(min_goal_distance_m=level.min_goal_distance_m, goal_point=s.goal_point)
+        plans = synthesize_heldout_scenes(s.heldout_scenes, s.heldout_seed, level.floorplan(), task=task)
+    for plan in plans:
         plan.save(ws["heldout_scenes"] / plan.scene_id)
     return ws
 

@@ -286,3 +286,87 @@ def test_pack_leaves_out_weights_and_doc_block_update(tmp_path):
     doc.write_text("no markers")
     with pytest.raises(study_stage3.StudyError, match="markers"):
         study_stage3._update_doc(doc, "x")
+
+
+def test_eval_settings_argv_synthesized_or_carried_scenes():
+    from study.runner import EvalSettings
+
+    carried = EvalSettings(episodes=4, max_steps=16, seed=7).argv(Path("/s"))
+    assert carried[:2] == ["--scenes", "/s"] and "--synthesize" not in carried and "--stop-gate" not in carried
+    assert carried[carried.index("--execute-steps") + 1] == "8"  # the evaluator's own default: whole chunks
+    drawn = EvalSettings(episodes=400, seed=2000, synthesize=40, level="two_rooms", goal_point="nearest",
+                         execute_steps=3, stop_gate=True, workers=16).argv(Path("/s"))  # fmt: skip
+    assert drawn[:6] == ["--synthesize", "40", "--level", "two_rooms", "--goal-point", "nearest"]
+    assert "--scenes" not in drawn and drawn[-2:] == ["--stop-gate", "--no-progress"]
+    flags = dict(zip(drawn[6:-2:2], drawn[7:-2:2], strict=True))
+    assert flags["--episodes"] == "400" and flags["--seed"] == "2000" and flags["--execute-steps"] == "3"
+    assert flags["--workers"] == "16"
+
+
+def test_workspace_settings_refuse_bad_task_and_checkpoint(tmp_path):
+    from study.workspace import WorkspaceSettings
+
+    for kw, needle in (({"level": "castle"}, "WorkspaceSettings.level"),
+                       ({"goal_point": "far"}, "WorkspaceSettings.goal_point"),
+                       ({"behaviour_beta": 1.5}, "WorkspaceSettings.behaviour_beta"),
+                       ({"behaviour_execute_steps": 0}, "WorkspaceSettings.behaviour_execute_steps"),
+                       ({"stage2_checkpoint": str(tmp_path)}, "checkpoint_manifest.json")):  # fmt: skip
+        with pytest.raises(ValueError, match=needle):
+            WorkspaceSettings(**kw)
+
+
+def test_study_from_a_stage2_checkpoint_resumes_a_cut_off_training(tmp_path):
+    """prepare --stage2-checkpoint: the checkpoint is copied in and drives the collection (collect_dagger.py);
+    run --heldout-seed draws the evaluator's own held-out episodes; run --resume goes on with a training cut off
+    after step 1 of 2 (from its checkpoint, not from scratch) and keeps the finished Stage-II evaluation."""
+    import subprocess
+
+    maker = [sys.executable, str(REPO / "tools/checkpoint/make_tiny_wnm_checkpoint.py")]
+    ckpt = tmp_path / "stage2"
+    subprocess.run([*maker, "--output-dir", str(ckpt), "--no-progress"], check=True, capture_output=True)
+    study = [sys.executable, str(REPO / "scripts/study_stage3.py")]
+    work = tmp_path / "w"
+    prep = [*study, "prepare", "--workdir", str(work), "--stage2-checkpoint", str(ckpt), "--level", "one_room",
+            "--goal-point", "nearest", "--face-goal-object", "--scenes", "2", "--episodes-per-scene", "3",
+            "--train-size", "2", "--per-event", "1", "--heldout-scenes", "2", "--behaviour-max-steps", "64",
+            "--behaviour-num-steps", "2", "--behaviour-beta", "0.8", "--workers", "2"]  # fmt: skip
+    proc = subprocess.run(prep, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    meta = json.loads((work / "full" / "collection" / "collection.json").read_text())
+    assert meta["policy"]["type"] == "dagger" and meta["policy"]["beta"] == 0.8 and meta["level"] == "one_room"
+    assert meta["dagger_summary"]["execute_steps"] == 3
+    sha = json.loads((ckpt / "checkpoint_manifest.json").read_text())["files"]
+    assert json.loads((work / "carry" / "ckpt" / "checkpoint_manifest.json").read_text())["files"] == sha
+
+    run = [*study, "run", "--workdir", str(work), "--cpu", "--steps", "2", "--save-freq", "1", "--arms", "main",
+           "--main-seeds", "1", "--heldout-seed", "2000", "--heldout-scenes", "2", "--eval-episodes", "2",
+           "--eval-execute-steps", "3"]  # fmt: skip
+    proc = subprocess.run(run, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    results = work / "results"
+    log = (results / "evals" / "main_s1.log").read_text()
+    assert "--synthesize 2 --level one_room --goal-point nearest" in log and "--execute-steps 3" in log
+    assert "--seed 2000" in log
+    stage2_report = results / "evals" / "stage2" / "report.json"
+    stamp = stage2_report.stat().st_mtime_ns
+
+    # Cut off after step 1: the last checkpoint is step 1, nothing exported or evaluated, status "training".
+    import shutil
+
+    out = results / "runs" / "main_s1" / "out"
+    shutil.rmtree(out / "global_step_2")
+    (out / "latest_checkpointed_iteration.txt").write_text("1")
+    shutil.rmtree(results / "runs" / "main_s1" / "export")
+    status = json.loads((results / "status.json").read_text())
+    status["runs"]["main_s1"] = {"state": "training", "output_dir": str(out)}
+    (results / "status.json").write_text(json.dumps(status))
+    again = subprocess.run(run, capture_output=True, text=True, timeout=120)
+    assert again.returncode == 2 and "--resume" in again.stderr  # never overwritten without --resume
+    proc = subprocess.run([*run, "--resume"], capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    final = json.loads((results / "status.json").read_text())["runs"]
+    assert final["main_s1"]["state"] == "done" and final["stage2"]["state"] == "done"
+    assert "resumed from" in (results / "runs" / "main_s1" / "train.log").read_text()
+    assert (out / "global_step_2").is_dir()
+    assert stage2_report.stat().st_mtime_ns == stamp  # the finished evaluation was kept, not run again
+    assert len(list((results / "evals").glob("main_s1.cut-off-*"))) == 1  # the old evaluation, kept aside
