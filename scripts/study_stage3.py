@@ -23,6 +23,7 @@ Examples:
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import shutil
@@ -39,7 +40,7 @@ from study import workspace as study_ws  # noqa: E402
 DOC_BEGIN = "<!-- study:generated:begin -->"
 DOC_END = "<!-- study:generated:end -->"
 CARRY_ARCHIVE = "carry.tar.xz"
-FIGURES = ("reward_curves.png", "validation_events.png", "closed_loop.png")
+FIGURES = ("reward_curves.png", "validation_events.png", "closed_loop.png", "closed_loop_validation.png")
 
 
 class StudyError(Exception):
@@ -204,6 +205,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     elif args.heldout_scenes is not None:
         raise StudyError("--heldout-scenes needs --heldout-seed (the carried scenes are used otherwise)")
     common = {"execute_steps": args.eval_execute_steps, "stop_gate": args.stop_gate, "workers": args.eval_workers}
+    if args.val_episodes and args.heldout_seed is None:
+        raise StudyError("--val-episodes needs --heldout-seed (validation draws its own scenes, like the held-out set)")
+    if args.val_episodes and args.val_seed == args.heldout_seed:
+        raise StudyError(f"--val-seed {args.val_seed}: that is the held-out seed; choose another one")
     if args.cpu:
         ev = EvalSettings(
             episodes=args.eval_episodes or 4, max_steps=args.eval_max_steps or 16, device="cpu", **common, **heldout
@@ -212,6 +217,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         ev = EvalSettings(
             episodes=args.eval_episodes or 96, max_steps=args.eval_max_steps or 128, device="cuda", **common, **heldout
         )
+    val = dataclasses.replace(ev, seed=args.val_seed, episodes=args.val_episodes) if args.val_episodes else None
     runner = StudyRunner(
         results,
         configs,
@@ -225,6 +231,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         threads_per_job=args.threads_per_job or (1 if args.cpu else 2),
         meta={"settings": vars(settings), "workspace": ws["desc"], "argv": sys.argv[1:]},
         resume=args.resume,
+        val_settings=val,
     )
     print(
         f"study: {len(configs)} runs ({', '.join(n for n, _ in configs)}), {settings.steps} steps each, "
@@ -300,6 +307,8 @@ def cmd_report(args: argparse.Namespace) -> int:
     if comps:
         plots.closed_loop_bars(comps, out / FIGURES[2])
         figures.append(FIGURES[2])
+    if plots.closed_loop_validation(data, out / FIGURES[3]):
+        figures.append(FIGURES[3])
     rel = os.path.relpath(out, args.update_doc.parent) if args.update_doc else str(out)
     block = rep.render_markdown(data, comps, [f"{rel}/{f}" for f in figures], _display_path(results))
     (out / "tables.md").write_text(block)
@@ -402,6 +411,14 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("--eval-execute-steps", type=int, default=8, help="action steps executed per policy call (8)")
     pr.add_argument("--stop-gate", action="store_true", help="evaluate with the checkpoints' STOP gate")
     pr.add_argument("--eval-workers", type=int, default=1, help="processes per evaluation (default 1)")
+    pr.add_argument(
+        "--val-episodes",
+        type=int,
+        default=0,
+        help="closed-loop validation during training: every saved checkpoint is exported and evaluated on this "
+        "many episodes of --val-seed while the training goes on (default 0: off; needs --heldout-seed)",
+    )
+    pr.add_argument("--val-seed", type=int, default=1000, help="seed of the validation episodes (default 1000)")
     pr.add_argument(
         "--resume",
         action="store_true",

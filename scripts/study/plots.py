@@ -122,3 +122,28 @@ def closed_loop_bars(comps: Mapping[str, Mapping], path: Path) -> None:
         ax.grid(axis="y", alpha=0.3)
     fig.suptitle("closed loop on held-out scenes: before (Stage-II) and after (Stage-III exports), 95% CI", fontsize=10)
     _save(plt, fig, path)
+
+
+def closed_loop_validation(data: StudyData, path: Path) -> bool:
+    """SR and premature-STOP rate of each run's saved checkpoints on the validation episodes, over training.
+
+    Returns:
+        False (and draws nothing) when no run was validated in closed loop.
+    """
+    runs = [r for r in data.runs if r.validation]
+    if not runs:
+        return False
+    plt, fig, axes = _figure(1, 2, (9.0, 3.4))
+    for ax, key, title in ((axes[0, 0], "success", "SR"), (axes[0, 1], "premature_stop", "premature STOP")):
+        for run in runs:
+            steps = sorted(run.validation)
+            values = [np.mean([float(e.get(key, np.nan)) for e in run.validation[s]]) for s in steps]
+            ax.plot(steps, values, "o-", ms=3, color=ARM_COLORS.get(run.arm, "gray"), label=run.name, lw=1.2)
+        ax.set_title(title, fontsize=9)
+        ax.set_xlabel("step", fontsize=8)
+        ax.tick_params(labelsize=7)
+        ax.grid(alpha=0.3)
+    axes[0, 0].legend(fontsize=6)
+    fig.suptitle("closed-loop validation during training (validation seed)", fontsize=10)
+    _save(plt, fig, path)
+    return True

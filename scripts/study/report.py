@@ -41,6 +41,7 @@ class RunData:
         metrics: One dict per logged step (``metrics.jsonl``).
         episodes: Per-episode closed-loop metrics of its export (None when not evaluated).
         status: Its entry of ``status.json``.
+        validation: Closed-loop validation during training: step -> per-episode metrics of that checkpoint.
     """
 
     name: str
@@ -49,6 +50,7 @@ class RunData:
     metrics: list[dict] = field(default_factory=list)
     episodes: list[dict] | None = None
     status: dict = field(default_factory=dict)
+    validation: dict[int, list[dict]] = field(default_factory=dict)
 
     def curve(self, key: str) -> tuple[np.ndarray, np.ndarray]:
         """``(steps, values)`` of a metric over the steps that logged it."""
@@ -90,7 +92,8 @@ def _episodes(report_path: Path) -> list[dict] | None:
     rep = json.loads(report_path.read_text())
     if rep.get("format") != "wnm-closed-loop-eval/1":
         raise ValueError(f"{report_path}: field 'format' is {rep.get('format')!r}, expected wnm-closed-loop-eval/1")
-    keep = ("episode_id", "scene_id", *stats.CLOSED_LOOP_METRICS, "end_reason", "steps", "path_length")
+    keep = ("episode_id", "scene_id", *stats.CLOSED_LOOP_METRICS, "end_reason", "steps", "path_length",
+            "premature_stop", "progress")  # fmt: skip
     return [{k: e[k] for k in keep if k in e} for e in rep["runs"]["checkpoint"]["episodes"]]
 
 
@@ -111,7 +114,13 @@ def load_results(results: Path) -> StudyData:
         arm, seed = split_run_name(name)
         mfile = results / "runs" / name / "out" / "metrics.jsonl"
         metrics = [json.loads(x) for x in mfile.read_text().splitlines() if x.strip()] if mfile.is_file() else []
-        runs.append(RunData(name, arm, seed, metrics, _episodes(results / "evals" / name / "report.json"), st))
+        run = RunData(name, arm, seed, metrics, _episodes(results / "evals" / name / "report.json"), st)
+        # Paths relative to this results folder (status.json holds the GPU machine's absolute ones).
+        for report in sorted((results / "evals" / "val" / name).glob("step_*/report.json")):
+            tail = report.parent.name.removeprefix("step_")
+            if tail.isdigit():
+                run.validation[int(tail)] = _episodes(report)
+        runs.append(run)
     return StudyData(runs, _episodes(results / "evals" / STAGE2 / "report.json"), status)
 
 
@@ -180,6 +189,25 @@ def validation_table(data: StudyData) -> list[list[str]]:
             m, lo, hi = stats.t_interval(np.asarray(lasts) - np.asarray(firsts))
             row.append(f"{np.mean(firsts):+.3f} -> {np.mean(lasts):+.3f} ({fmt(m, lo, hi)})")
         rows.append(row)
+    return rows
+
+
+def closed_loop_validation_table(data: StudyData) -> list[list[str]]:
+    """Closed-loop validation during training: per run and saved checkpoint, SR (Wilson 95%) and the signs of
+    reward gaming beside it (premature STOP, progress, path length) and collisions."""
+    rows = [["run", "step", "episodes", "SR [95% CI]", "premature STOP", "progress (m)", "path (m)", "collisions/ep"]]
+    for run in data.runs:
+        for step in sorted(run.validation):
+            eps = run.validation[step]
+            n, k = len(eps), sum(bool(e["success"]) for e in eps)
+            lo, hi = stats.wilson(k, n)
+
+            def mean(key: str, eps=eps) -> str:
+                vals = [float(e[key]) for e in eps if key in e]
+                return f"{np.mean(vals):.2f}" if vals else "n/a"
+
+            rows.append([run.name, str(step), str(n), f"{k / n:.3f} [{lo:.3f}, {hi:.3f}]", mean("premature_stop"),
+                         mean("progress"), mean("path_length"), mean("collisions")])  # fmt: skip
     return rows
 
 
@@ -304,6 +332,13 @@ def render_markdown(data: StudyData, comps: Mapping[str, Mapping], figures: Sequ
             f"collision reduction "
             + ("n/a" if goal["collision_reduction"] is None else f"{100 * goal['collision_reduction']:.0f}%")
             + f" -> **{'met' if goal['met'] else 'not met'}**.",
+            "",
+        ]
+    if any(r.validation for r in data.runs):
+        parts += [
+            "#### Closed-loop validation during training (validation seed, not the held-out one)",
+            "",
+            markdown_table(closed_loop_validation_table(data)),
             "",
         ]
     parts += ["#### Ablations (same steps, seeds and episodes)", "", markdown_table(ablation_table(data, comps)), ""]

@@ -167,6 +167,10 @@ class StudyRunner:
             finished runs are kept, a run whose last checkpoint is its final step is exported and evaluated, the
             other trainings resume from their last checkpoint (``trainer.resume=auto``); evaluations cut off
             are moved aside and run again.
+        val_settings: Closed-loop validation during training (None: off): every checkpoint a training saves is
+            exported and evaluated with these settings (another seed than the held-out one) while the training
+            goes on; the runs keep all their checkpoints for it. Reports land in ``evals/val/<run>/step_<N>``
+            and the run's status lists them under ``validation``.
     """
 
     def __init__(
@@ -183,6 +187,7 @@ class StudyRunner:
         threads_per_job: int = 2,
         meta: dict | None = None,
         resume: bool = False,
+        val_settings: EvalSettings | None = None,
     ) -> None:
         self.results = results
         self.ckpt = ckpt
@@ -198,6 +203,11 @@ class StudyRunner:
         self.t0 = 0.0
         self.meta = meta or {}
         self.resume = resume
+        self.val_settings = val_settings
+        self.val_jobs: dict[str, Job] = {}  # "<run>@<step>" -> its export, then its evaluation
+        if val_settings is not None:
+            for cfg in self.configs.values():
+                cfg["trainer"]["max_checkpoints_to_keep"] = 0  # a checkpoint must outlive its validation
 
     # ------------------------------------------------------------------------------------------ status
     def _write_status(self) -> None:
@@ -283,6 +293,75 @@ class StudyRunner:
         self.jobs[name] = job
         self._set(name, state="evaluating", eval_dir=str(out))
 
+    # ------------------------------------------------------------------------------------------ validation
+    def _busy(self) -> int:
+        """Export and evaluation jobs running, held-out and validation ones together (they share ``max_eval``)."""
+        active = sum(1 for j in self.val_jobs.values() if j.poll() is None)
+        return self._count("exporting") + self._count("evaluating") + active
+
+    def _validate(self, name: str) -> None:
+        """Advances the closed-loop validation of run ``name``: finishes jobs, starts the next checkpoint's."""
+        from verl_omni.utils.run_layout import checkpoint_steps, is_complete, step_dir
+
+        st = self.state[name]
+        val = st.setdefault("validation", {})
+        for key, job in list(self.val_jobs.items()):
+            run, step = key.rsplit("@", 1)
+            if run != name or job.poll() is None:
+                continue
+            del self.val_jobs[key]
+            entry = val[step]
+            if job.returncode != 0:
+                entry.update(state="failed", reason=f"{job.name} exit {job.returncode}", log_tail=log_tail(job.log))
+            elif entry["state"] == "exporting":
+                out = self.results / "evals" / "val" / name / f"step_{step}"
+                if out.exists():  # cut off earlier (resume): kept aside, never deleted
+                    out.rename(out.with_name(f"step_{step}.cut-off-{int(time.time())}"))
+                argv = self._python("tools/eval/closed_loop_eval.py", "--checkpoint", entry["export"],
+                                    *self.val_settings.argv(self.scenes), "--output-dir", str(out))  # fmt: skip
+                self.val_jobs[key] = Job(f"val-eval:{name}@{step}", argv, out.parent / f"step_{step}.log",
+                                         env={"OMP_NUM_THREADS": self.threads})  # fmt: skip
+                self.val_jobs[key].start()
+                entry.update(state="evaluating", eval_dir=str(out))
+            else:
+                entry.update(state="done", report=str(Path(entry["eval_dir"]) / "report.json"), eval_s=job.seconds)
+            self._set(name, validation=val)
+        out = Path(st.get("output_dir", ""))
+        if not out.is_dir() or self._busy() >= self.max_eval:
+            return
+        todo = [n for n in sorted(checkpoint_steps(out)) if str(n) not in val and is_complete(step_dir(out, n))]
+        if not todo:
+            return
+        step = str(todo[0])
+        export = self.results / "runs" / name / "val" / f"step_{step}" / "export"
+        if export.exists():  # cut off earlier (resume): kept aside, never deleted
+            export.rename(export.with_name(f"export.cut-off-{int(time.time())}"))
+        argv = self._python("tools/checkpoint/export_wnm_checkpoint.py", "--base-vln", str(self.ckpt),
+                            "--actor-checkpoint", str(step_dir(out, int(step))), "--output-dir", str(export),
+                            "--no-progress")  # fmt: skip
+        key = f"{name}@{step}"
+        self.val_jobs[key] = Job(f"val-export:{key}", argv, export.parent / "export.log",
+                                 env={"OMP_NUM_THREADS": self.threads})  # fmt: skip
+        self.val_jobs[key].start()
+        val[step] = {"state": "exporting", "export": str(export)}
+        self._set(name, validation=val)
+
+    def _validation_pending(self) -> bool:
+        if self.val_settings is None:
+            return False
+        if self.val_jobs:
+            return True
+        from verl_omni.utils.run_layout import checkpoint_steps
+
+        for name in self.configs:
+            st = self.state[name]
+            out = Path(st.get("output_dir", ""))
+            if st["state"] == "failed" or not out.is_dir():
+                continue
+            if any(str(n) not in st.get("validation", {}) for n in checkpoint_steps(out)):
+                return True
+        return False
+
     # ------------------------------------------------------------------------------------------ loop
     def _count(self, state: str) -> int:
         return sum(s["state"] == state for s in self.state.values())
@@ -350,10 +429,13 @@ class StudyRunner:
             raise FileNotFoundError(f"{status}: not found; nothing to resume (run without --resume first)")
         before = json.loads(status.read_text())["runs"]
         for name in list(self.state):
-            prev = before.get(name, {})
+            prev = dict(before.get(name, {}))
+            # Validations cut off with the earlier invocation run again; finished ones are kept.
+            prev["validation"] = {k: v for k, v in prev.get("validation", {}).items() if v.get("state") == "done"}
             if prev.get("state") == "done":
                 self.state[name] = prev
                 continue
+            self.state[name]["validation"] = prev["validation"]
             export = self.results / "runs" / name / "export"
             if name != STAGE2 and (export / "checkpoint_manifest.json").is_file():
                 self.state[name] = {**prev, "state": "exported", "export": str(export)}
@@ -379,7 +461,7 @@ class StudyRunner:
         self._write_status()
         active = ("pending", "training", "trained", "exported", "exporting", "evaluating")
         try:
-            while any(s["state"] in active for s in self.state.values()):
+            while any(s["state"] in active for s in self.state.values()) or self._validation_pending():
                 now = time.time()
                 if now - self.t0 > self.deadline_s:
                     for name, s in self.state.items():
@@ -387,6 +469,10 @@ class StudyRunner:
                             if name in self.jobs:
                                 self.jobs[name].terminate()
                             self._set(name, state="failed", reason=f"{s['state']} at the {self.deadline_s:.0f}s guard")
+                    for key in list(self.val_jobs):  # recorded as cut off; --resume runs them again
+                        run, step = key.rsplit("@", 1)
+                        self.state[run]["validation"][step].update(state="failed", reason="deadline guard")
+                    self._write_status()
                     break
                 # Stage-II evaluation first (it needs no training), then runs in plan order.
                 for name in [STAGE2, *self.configs]:
@@ -396,12 +482,18 @@ class StudyRunner:
                         if name in self.jobs:
                             self.jobs[name].terminate()
                         self._set(name, state="failed", reason=f"{type(e).__name__}: {e}")
+                    if self.val_settings is not None and name != STAGE2:
+                        try:
+                            self._validate(name)
+                        except Exception as e:  # validation must not end the run it watches
+                            print(f"[study] {name}: closed-loop validation: {type(e).__name__}: {e}", flush=True)
                 time.sleep(1.0)
         finally:
-            for job in self.jobs.values():
+            jobs = [*self.jobs.values(), *self.val_jobs.values()]
+            for job in jobs:
                 job.terminate()
             time.sleep(2.0)
-            for job in self.jobs.values():
+            for job in jobs:
                 job.kill()
             self._write_status()
         return self.state

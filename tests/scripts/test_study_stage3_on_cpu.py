@@ -317,8 +317,9 @@ def test_workspace_settings_refuse_bad_task_and_checkpoint(tmp_path):
 
 def test_study_from_a_stage2_checkpoint_resumes_a_cut_off_training(tmp_path):
     """prepare --stage2-checkpoint: the checkpoint is copied in and drives the collection (collect_dagger.py);
-    run --heldout-seed draws the evaluator's own held-out episodes; run --resume goes on with a training cut off
-    after step 1 of 2 (from its checkpoint, not from scratch) and keeps the finished Stage-II evaluation."""
+    run --heldout-seed draws the evaluator's own held-out episodes, --val-episodes validates every saved
+    checkpoint in closed loop during training; run --resume goes on with a training cut off after step 1 of 2
+    (from its checkpoint, not from scratch) and keeps the finished Stage-II evaluation; report tabulates it."""
     import subprocess
 
     maker = [sys.executable, str(REPO / "tools/checkpoint/make_tiny_wnm_checkpoint.py")]
@@ -340,7 +341,7 @@ def test_study_from_a_stage2_checkpoint_resumes_a_cut_off_training(tmp_path):
 
     run = [*study, "run", "--workdir", str(work), "--cpu", "--steps", "2", "--save-freq", "1", "--arms", "main",
            "--main-seeds", "1", "--heldout-seed", "2000", "--heldout-scenes", "2", "--eval-episodes", "2",
-           "--eval-execute-steps", "3"]  # fmt: skip
+           "--eval-execute-steps", "3", "--val-episodes", "2", "--val-seed", "1000"]  # fmt: skip
     proc = subprocess.run(run, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     results = work / "results"
@@ -349,6 +350,17 @@ def test_study_from_a_stage2_checkpoint_resumes_a_cut_off_training(tmp_path):
     assert "--seed 2000" in log
     stage2_report = results / "evals" / "stage2" / "report.json"
     stamp = stage2_report.stat().st_mtime_ns
+    validation = json.loads((results / "status.json").read_text())["runs"]["main_s1"]["validation"]
+    assert sorted(validation) == ["1", "2"] and all(v["state"] == "done" for v in validation.values())
+    val_log = (results / "evals" / "val" / "main_s1" / "step_1.log").read_text()
+    assert (
+        "--seed 1000" in val_log
+        and "--episodes 2" in val_log
+        and "global_step_1" in (results / "runs" / "main_s1" / "val" / "step_1" / "export.log").read_text()
+    )
+    bad = [*run, "--results-name", "r2", "--val-seed", "2000"]
+    bad = subprocess.run(bad, capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "--val-seed 2000" in bad.stderr and not (work / "r2").exists()
 
     # Cut off after step 1: the last checkpoint is step 1, nothing exported or evaluated, status "training".
     import shutil
@@ -370,3 +382,13 @@ def test_study_from_a_stage2_checkpoint_resumes_a_cut_off_training(tmp_path):
     assert (out / "global_step_2").is_dir()
     assert stage2_report.stat().st_mtime_ns == stamp  # the finished evaluation was kept, not run again
     assert len(list((results / "evals").glob("main_s1.cut-off-*"))) == 1  # the old evaluation, kept aside
+    validation = final["main_s1"]["validation"]
+    assert sorted(validation) == ["1", "2"] and all(v["state"] == "done" for v in validation.values())
+    assert len(list((results / "evals" / "val" / "main_s1").glob("step_2.cut-off-*"))) == 1
+
+    proc = subprocess.run([*study, "report", "--workdir", str(work), "--output-dir", str(tmp_path / "rep")],
+                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    tables = (tmp_path / "rep" / "tables.md").read_text()
+    assert "Closed-loop validation during training" in tables and "| main_s1 | 2 | 2 |" in tables
+    assert (tmp_path / "rep" / "closed_loop_validation.png").stat().st_size > 1000
