@@ -40,6 +40,7 @@ def test_quickstart_smallest_runs_every_user_command(tmp_path):
     # Stage II and Stage III, and the goal-bearing reference on the same episodes of the one-room level.
     assert set(report["runs"]) == {"checkpoint", "compare", "policy:goal_bearing"}
     assert report["settings"]["level"] == "one_room"
+    assert report["settings"]["closed_loop"]["execute_steps"] == 3  # replanning every 3 steps, as Stage II is evaluated
     assert "Geodesic progress:" in out and "goal_bearing" in out.split("Geodesic progress:")[1].splitlines()[0]
     # Running it again without --force must refuse and leave the workspace alone.
     again = subprocess.run(
