@@ -28,6 +28,9 @@ METRIC_LABELS = {
     "ne": "NE (m)",
     "collisions": "collisions/ep",
     "collided": "episodes w/ collision",
+    "premature_stop": "premature STOP",
+    "progress": "progress (m)",
+    "path_length": "path length (m)",
 }
 STAGE2 = "stage2"
 
@@ -92,8 +95,7 @@ def _episodes(report_path: Path) -> list[dict] | None:
     rep = json.loads(report_path.read_text())
     if rep.get("format") != "wnm-closed-loop-eval/1":
         raise ValueError(f"{report_path}: field 'format' is {rep.get('format')!r}, expected wnm-closed-loop-eval/1")
-    keep = ("episode_id", "scene_id", *stats.CLOSED_LOOP_METRICS, "end_reason", "steps", "path_length",
-            "premature_stop", "progress")  # fmt: skip
+    keep = ("episode_id", "scene_id", *stats.CLOSED_LOOP_METRICS, "end_reason", "steps")
     return [{k: e[k] for k in keep if k in e} for e in rep["runs"]["checkpoint"]["episodes"]]
 
 
@@ -226,7 +228,7 @@ def closed_loop_comparisons(data: StudyData) -> dict[str, dict]:
 def closed_loop_main_table(comp: Mapping[str, Mapping]) -> list[list[str]]:
     """Before/after/difference rows of one arm's comparison."""
     rows = [["metric", "Stage-II (95% CI)", "Stage-III (95% CI)", "paired diff (95% CI)", "relative", "CIs apart"]]
-    for metric in stats.CLOSED_LOOP_METRICS:
+    for metric in (m for m in stats.CLOSED_LOOP_METRICS if m in comp):
         c = comp[metric]
         rel = "n/a" if c["relative"] is None else f"{100 * c['relative']:+.0f}%"
         apart = "n/a" if c["overlap"] is None else ("yes" if not c["overlap"] else "no")

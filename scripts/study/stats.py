@@ -15,15 +15,31 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-# Closed-loop metrics the study reports, in table order, with the direction that counts as better.
-CLOSED_LOOP_METRICS: tuple[str, ...] = ("success", "spl", "oracle_success", "ne", "collisions", "collided")
-HIGHER_IS_BETTER: dict[str, bool] = {
+# Closed-loop metrics the study reports, in table order, with the direction that counts as better (None: neither;
+# path length is reported beside SR as a sign of reward gaming, not as a goal). The last three are the gaming signs
+# (premature STOP, standing still, wandering); reports written before the evaluator recorded them lack them.
+CLOSED_LOOP_METRICS: tuple[str, ...] = (
+    "success",
+    "spl",
+    "oracle_success",
+    "ne",
+    "collisions",
+    "collided",
+    "premature_stop",
+    "progress",
+    "path_length",
+)
+BINARY_METRICS: tuple[str, ...] = ("success", "oracle_success", "collided", "premature_stop")
+HIGHER_IS_BETTER: dict[str, bool | None] = {
     "success": True,
     "spl": True,
     "oracle_success": True,
     "ne": False,
     "collisions": False,
     "collided": False,
+    "premature_stop": False,
+    "progress": True,
+    "path_length": None,
 }
 
 
@@ -213,23 +229,24 @@ def compare_closed_loop(
     if not treated:
         raise ValueError("compare_closed_loop: no treated evaluations")
     out: dict[str, dict] = {}
-    for metric in CLOSED_LOOP_METRICS:
+    recorded = [m for m in CLOSED_LOOP_METRICS if all(m in e for r in (baseline, *treated) for e in r)]
+    for metric in recorded:
         _, base = episode_matrix([baseline], metric)
         _, tr = episode_matrix([baseline, *treated], metric)
         base, tr = base[0], tr[1:]
         after_ep = tr.mean(axis=0)
-        if metric in ("success", "oracle_success", "collided"):
+        if metric in BINARY_METRICS:
             lo, hi = wilson(int(round(base.sum())), base.size, confidence)
             before = (float(base.mean()), lo, hi)
         else:
             before = t_interval(base, confidence)
         after = t_interval(after_ep, confidence)
-        if metric in ("success", "oracle_success", "collided") and after[1] is not None:
+        if metric in BINARY_METRICS and after[1] is not None:
             after = (after[0], max(0.0, after[1]), min(1.0, after[2]))  # a rate's t interval stays inside [0, 1]
         diff = t_interval(after_ep - base, confidence)
         better = HIGHER_IS_BETTER[metric]
         improved = None
-        if diff[1] is not None:
+        if diff[1] is not None and better is not None:
             improved = bool(diff[1] > 0) if better else bool(diff[2] < 0)
         out[metric] = {
             "before": before,

@@ -117,6 +117,32 @@ def test_compare_closed_loop_pools_seeds_per_episode():
         stats.compare_closed_loop(base, [_episodes([1, 1, 1, 1], [0, 0, 0, 0], prefix="x")])
 
 
+def test_compare_closed_loop_reports_the_gaming_signs_beside_sr():
+    """Premature STOP (binary, Wilson before), progress and path length are compared like SR; path length has no
+    better direction (improved None); reports without these fields (older evaluators) simply lack the rows."""
+    base = _episodes([0, 0, 1, 0], [2, 2, 0, 4])
+    after = _episodes([1, 0, 1, 1], [0, 1, 0, 1])
+    for eps, stops, prog, path in ((base, [1, 1, 0, 0], [0.0, 0.5, 3.0, 1.0], [0.0, 1.0, 3.5, 4.0]),
+                                   (after, [0, 1, 0, 0], [3.0, 0.5, 3.0, 3.0], [3.5, 1.0, 3.5, 3.5])):  # fmt: skip
+        for e, st, pr, pa in zip(eps, stops, prog, path, strict=True):
+            e.update(premature_stop=bool(st), progress=pr, path_length=pa)
+    comp = stats.compare_closed_loop(base, [after])
+    ps = comp["premature_stop"]
+    assert ps["before"] == pytest.approx((0.5, *stats.wilson(2, 4)))
+    assert ps["after"][0] == pytest.approx(0.25) and ps["diff"][0] == pytest.approx(-0.25)
+    pg = comp["progress"]  # differences (3.0, 0.0, 0.0, 2.0): mean 1.25
+    d = np.array([3.0, 0.0, 0.0, 2.0])
+    half = sps.t.ppf(0.975, 3) * d.std(ddof=1) / 2
+    assert pg["diff"] == pytest.approx((1.25, 1.25 - half, 1.25 + half))
+    assert half == pytest.approx(2.387, abs=1e-3) and pg["improved"] is False  # the interval holds 0
+    assert comp["path_length"]["diff"][0] == pytest.approx(0.75) and comp["path_length"]["improved"] is None
+    rows = report.closed_loop_main_table(comp)
+    assert [r[0] for r in rows[-3:]] == ["premature STOP", "progress (m)", "path length (m)"]
+    older = stats.compare_closed_loop(_episodes([0, 1], [1, 0]), [_episodes([1, 1], [0, 0])])
+    assert "premature_stop" not in older and "success" in older
+    assert [r[0] for r in report.closed_loop_main_table(older)][-1] == "episodes w/ collision"
+
+
 # ---------------------------------------------------------------------------------------------- plan
 def test_plan_runs_and_trainer_config_ablation_switches(tmp_path):
     settings = plan.StudySettings(steps=7, main_seeds=(1, 2, 3), ablation_seeds=(1,))
