@@ -387,15 +387,15 @@ class StudyRunner:
             self._set(name, train_rc=rc, train_s=job.seconds, steps_done=steps)
             if ckpt is None:
                 self._set(name, state="failed", reason=f"training exit {rc}, no checkpoint", log_tail=log_tail(job.log))
-            elif self._count("exporting") + self._count("evaluating") < self.max_eval:
+            elif self._busy() < self.max_eval:
                 self._start_export(name, ckpt)
             else:
                 self._set(name, state="trained")
         elif st["state"] == "trained":
-            if self._count("exporting") + self._count("evaluating") < self.max_eval:
+            if self._busy() < self.max_eval:
                 self._start_export(name, Path(latest_checkpoint(Path(st["output_dir"]))))
         elif st["state"] == "exported":
-            if self._count("exporting") + self._count("evaluating") < self.max_eval:
+            if self._busy() < self.max_eval:
                 self._start_eval(name, Path(st["export"]))
         elif st["state"] == "exporting":
             rc = job.poll()
@@ -415,7 +415,7 @@ class StudyRunner:
                 self._set(name, state="done", eval_s=job.seconds, report=str(Path(st["eval_dir"]) / "report.json"))
         elif st["state"] == "pending":
             if name == STAGE2:
-                if self._count("exporting") + self._count("evaluating") < self.max_eval:
+                if self._busy() < self.max_eval:
                     self._start_eval(name, self.ckpt)
             elif now - self.t0 >= self.train_deadline_s:
                 self._set(name, state="failed", reason=f"not started before the {self.train_deadline_s:.0f}s guard")
