@@ -253,22 +253,6 @@ def _synthesize(args, out: Path) -> None:
     )  # fmt: skip
 
 
-def _lineage(init_checkpoint: Path | None) -> list[str]:
-    """The carried checkpoint's own Data and Training sections, so a card names every step that made the weights."""
-    card = None if init_checkpoint is None else init_checkpoint / "README.md"
-    if card is None or not card.is_file():
-        return []
-    kept, keep = [], False
-    for line in card.read_text().splitlines():
-        if line.startswith("## "):
-            keep = line[3:].strip() in ("Data", "Training")
-        elif keep and line.startswith("- "):
-            kept.append("  " + line)
-    if not kept:
-        return []
-    return ["", f"## Lineage: `{init_checkpoint.name}`, as its own README gives it", *kept]
-
-
 def _readme(name: str, args, rnd: int, provenance: dict, evaluation: dict | None, model_config=None) -> str:
     """The model card saved as the checkpoint's README.md (listed in its manifest, so written once, at save time).
 
@@ -276,6 +260,8 @@ def _readme(name: str, args, rnd: int, provenance: dict, evaluation: dict | None
         model_config: The saved model's ``WNMConfig``; its transformer dims are named (with ``--init-checkpoint``
             they come from that checkpoint, not from ``--size``).
     """
+    from verl_omni.models.wnm.model_card import lineage_section
+
     dims = (
         ""
         if model_config is None
@@ -330,7 +316,7 @@ def _readme(name: str, args, rnd: int, provenance: dict, evaluation: dict | None
             f"within {provenance['stop_gate']['stop_distance_m']:.2f} m; `WNMPolicy(stop_gate=...)`, "
             "`closed_loop_eval.py --stop-gate`)."
         )
-    lines += _lineage(args.init_checkpoint)
+    lines += lineage_section(args.init_checkpoint)
     lines += [
         "",
         "## Evaluation",

@@ -105,9 +105,13 @@ def test_export_changes_only_the_transformer_files_holding_changed_tensors(base,
     index = json.loads((base / "transformer" / "model.safetensors.index.json").read_text())["weight_map"]
     touched = {f"transformer/{index[SHIFTED]}", f"transformer/{index[SPIKED]}"}
     base_files, out_files = _files(base), _files(out)
-    assert set(out_files) == set(base_files)
+    assert set(out_files) == set(base_files) | {"README.md"}  # this base has no card; the export writes its own
     differing = {n for n in base_files if base_files[n] != out_files[n]}
     assert differing == touched | {"checkpoint_manifest.json"}  # config, normalization, frozen parts identical
+    card = (out / "README.md").read_text()
+    assert card.startswith("# exported\n") and "after Stage III" in card
+    assert f"run `{step_dir.parent.name}`, step 3; 2 of {len(state)} DiT tensors changed" in card
+    assert "## Licence" in card and "## Lineage" not in card  # the base has no card to quote
     assert len(set(index.values())) > 2  # the base's shard layout is kept (and the index is byte-identical)
 
     loaded = load_wnm_checkpoint(out)  # verifies every sha256 of the new manifest
@@ -399,3 +403,29 @@ def test_export_reproduces_the_validation_the_actor_logged_at_that_step(trained_
         assert float(nav) == pytest.approx(logged[f"val/{group}/nav_total"], rel=1e-6, abs=1e-6), group
         assert float(stop) == pytest.approx(logged[f"val/{group}/stop_total"], rel=1e-6, abs=1e-6), group
         assert float(visual) == pytest.approx(logged[f"val/{group}/visual"], rel=1e-6, abs=1e-6), group
+
+
+def test_export_card_quotes_the_base_card_and_the_training_settings(tmp_path):
+    """A base with a card: the export's card repeats its Data/Training/Lineage bullets and names the trainer's
+    settings from the checkpoint's saved config; the manifest lists the new card."""
+    torch.manual_seed(0)
+    model = WNMModel(WNMConfig.from_size("tiny", num_layers=2), NORM)
+    base_card = "# stage2_r1\n\n## Data\n- round 0: 400 scenes.\n\n## Training\n- lr 0.0005.\n  - nested\n"
+    base_card += "\n## Licence\nnot quoted\n"
+    base = save_wnm_checkpoint(model, tmp_path / "stage2_r1", {"tool": "test"}, readme=base_card)
+    state = load_wnm_checkpoint(base).transformer.state_dict()
+    contract = {**read_checkpoint_contract(base), "initial_checkpoint": str(base)}
+    step_dir = write_actor_checkpoint(tmp_path / "run", 5, state, contract)
+    trainer_state = json.loads((step_dir / "trainer_state.json").read_text())
+    trainer_state["config"].update(actor={"lr": 1e-4}, algorithm={"baseline": "stratum", "layer_conditioned": True})
+    (step_dir / "trainer_state.json").write_text(json.dumps(trainer_state))
+    out = tmp_path / "stage3_export"
+    assert _tool().main(["--base-vln", str(base), "--actor-checkpoint", str(step_dir), "--output-dir", str(out)]) == 0
+    card = (out / "README.md").read_text()
+    assert "step 5; 0 of" in card and "AdamW lr 0.0001" in card and "baseline stratum" in card
+    assert "layer-conditioned advantages True" in card
+    lineage = card.split("## Lineage: `stage2_r1`, as its own README gives it\n", 1)[1].split("\n\n", 1)[0]
+    assert lineage.splitlines() == ["  - round 0: 400 scenes.", "  - lr 0.0005.", "    - nested"]
+    manifest = json.loads((out / "checkpoint_manifest.json").read_text())
+    assert manifest["files"]["README.md"]["sha256"] == _sha(out / "README.md")
+    load_wnm_checkpoint(out)  # every sha256 of the manifest verifies, the card's included

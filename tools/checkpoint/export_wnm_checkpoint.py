@@ -2,7 +2,8 @@
 """Merge the trained DiT of a Stage-III actor checkpoint into a copy of the complete base checkpoint.
 
 The output is a complete WNM checkpoint: the base's frozen parts, config.json and action_normalization.json
-byte for byte, the transformer weights of the actor (in the base's file/shard layout and dtypes), and a new
+byte for byte, the transformer weights of the actor (in the base's file/shard layout and dtypes), a README.md
+model card of its own (run, step, training settings, the base's card as lineage), and a new
 checkpoint_manifest.json with fresh sha256s and the provenance (base manifest hash, run, step, actor dir).
 
 Refusals write nothing: an existing --output-dir, an actor trained from a checkpoint with another contract

@@ -5,7 +5,8 @@ An actor checkpoint (``<run>/global_step_N/actor/`` or a hot-save snapshot ``<de
 ``{"model": DiT state dict, "optimizer": ...}`` written by the FSDP ranks, plus ``model_contract.json``. The
 export reads only the ``model.*`` entries, without a process group (DCP reassembles the FSDP shards into
 full tensors), and writes a complete WNM checkpoint (layout in :mod:`verl_omni.models.wnm.checkpoint`) that
-differs from the base only in the transformer weight files and the manifest.
+differs from the base only in the transformer weight files, the manifest and the model card (``README.md``: the
+export's own, quoting the base's card as its lineage; :func:`.model_card.stage3_card`).
 
 Order of work, so that a refusal writes nothing::
 
@@ -53,6 +54,7 @@ from .checkpoint import (
     read_manifest,
     verify_files,
 )
+from .model_card import CARD_NAME, stage3_card
 
 DCP_METADATA = run_layout.DCP_METADATA
 MODEL_CONTRACT = "model_contract.json"
@@ -102,6 +104,7 @@ class ActorCheckpoint:
         run_output_dir: The run's output directory (from the saved config when available).
         hot_save: True for a snapshot taken by ``hot_save_verl_fsdp.py``.
         contract: The parsed ``model_contract.json``.
+        config: The trainer's config tree saved with the checkpoint (empty when it holds none).
     """
 
     actor_dir: Path
@@ -110,6 +113,7 @@ class ActorCheckpoint:
     run_output_dir: str
     hot_save: bool
     contract: dict
+    config: dict = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -227,6 +231,7 @@ def resolve_actor_checkpoint(path: str | Path) -> ActorCheckpoint:
         run_output_dir=str(run_dir),
         hot_save=bool(state.get("hot_save", False)),
         contract=contract,
+        config=config,
     )
 
 
@@ -521,14 +526,22 @@ def export_checkpoint(
             del tensors
             if progress:
                 progress(f"{TRANSFORMER_DIR}/{fname}")
+        # The card is the export's own (a Stage-III checkpoint), quoting the base's card as its lineage.
+        card = stage3_card(out.name, plan.base_dir, plan.base_manifest_sha256, plan.actor.step,
+                           plan.actor.run_output_dir, sum(c.changed for c in changes), len(changes),
+                           plan.actor.config or None)  # fmt: skip
+        (stage / CARD_NAME).write_text(card)
         new_files: dict[str, dict] = {}
-        rewritten = set(plan.rewritten_files)
+        rewritten = {*plan.rewritten_files, CARD_NAME}
         for name in sorted(files):
             path = stage / name
             digest = file_sha256(path)
             if name not in rewritten and digest != files[name]["sha256"]:
                 raise ExportError(f"{path}: copy differs from the base file (sha256 {digest[:12]}...); disk problem?")
             new_files[name] = {"sha256": digest, "bytes": path.stat().st_size}
+        if CARD_NAME not in new_files:  # a base without a card
+            card_path = stage / CARD_NAME
+            new_files[CARD_NAME] = {"sha256": file_sha256(card_path), "bytes": card_path.stat().st_size}
         if MODEL_INDEX_NAME not in new_files:  # a base written before checkpoints had model_index.json
             (stage / MODEL_INDEX_NAME).write_text(json.dumps(model_index(), indent=2, sort_keys=True) + "\n")
             digest = file_sha256(stage / MODEL_INDEX_NAME)
