@@ -11,6 +11,11 @@ Three subcommands, run in this order (see docs/results.md for the study design a
                         every export closed-loop on the held-out scenes; writes <workdir>/results (partial
                         results as they complete) and, with --pack, one tar.gz of everything but weights.
   report   (CPU, here)  plots (PNG) and Markdown tables with 95% CIs from a results folder or tarball.
+  all      (GPU box)    prepare (unless done), run (resumed when an earlier call started it) and report, from one
+                        command that is simply repeated after a cut-off (e.g. from a trained Stage-II checkpoint:
+                        all --workdir W --stage2-checkpoint CKPT --level two_rooms --goal-point nearest
+                        --face-goal-object --gpu --heldout-seed 2000 --eval-episodes 400 --eval-execute-steps 3
+                        --stop-gate --val-episodes 100 --val-seed 1000).
 
 Examples:
     python scripts/study_stage3.py prepare --workdir .study
@@ -254,6 +259,36 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0 if not failed else 1
 
 
+# ---------------------------------------------------------------------------------------------- all
+def cmd_all(args: argparse.Namespace) -> int:
+    """prepare -> run -> report, each step skipped or resumed when an earlier call got through it.
+
+    Call it again with the same flags after a cut-off (a machine that gives 10-minute calls): a built workspace
+    is reused, a results folder with ``status.json`` is resumed, and the report is written once every run is
+    done (``<workdir>/report``, or ``report.<time>`` when that exists).
+    """
+    w = args.workdir
+    if (w / "carry" / "workspace.json").is_file() or (w / CARRY_ARCHIVE).is_file():
+        print(f"== prepare: reusing the workspace in {w}")
+    else:
+        print("== prepare", flush=True)
+        if cmd_prepare(args) not in (0, 1):  # 1: the carry copy is above --carry-limit-mb, a warning here
+            return 2
+    results = w / args.results_name
+    args.resume = (results / "status.json").is_file()
+    print(f"== run{' (resuming)' if args.resume else ''}", flush=True)
+    rc = cmd_run(args)
+    if rc != 0:
+        print("not every run is done; call the same command again to go on", file=sys.stderr)
+        return rc
+    out = w / "report"
+    if out.exists():
+        out = w / f"report.{int(time.time())}"
+    print(f"== report -> {out}", flush=True)
+    report_args = argparse.Namespace(results=results, results_tar=None, output_dir=out, update_doc=None, smooth=10)
+    return cmd_report(report_args)
+
+
 # ---------------------------------------------------------------------------------------------- report
 def _results_from_tar(tar_path: Path, workdir: Path) -> Path:
     dest = workdir / f"results_from_{tar_path.name.split('.')[0]}"
@@ -332,13 +367,8 @@ def _display_path(path: Path) -> str:
 
 
 # ---------------------------------------------------------------------------------------------- CLI
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = p.add_subparsers(dest="command", required=True)
-    d = study_ws.WorkspaceSettings()
-
-    pp = sub.add_parser("prepare", help="build the workspace and its carry copy (CPU)")
-    pp.add_argument("--workdir", type=Path, required=True, help="study folder (git-ignored, e.g. .study)")
+def _add_prepare_args(pp: argparse.ArgumentParser, d: study_ws.WorkspaceSettings) -> None:
+    """Flags of `prepare` (and of `all`)."""
     pp.add_argument("--scenes", type=int, default=d.scenes, help=f"training scenes ({d.scenes})")
     pp.add_argument("--episodes-per-scene", type=int, default=d.episodes_per_scene)
     pp.add_argument("--collection-seed", type=int, default=d.collection_seed)
@@ -349,8 +379,6 @@ def build_parser() -> argparse.ArgumentParser:
     pp.add_argument("--sft-action-weight", type=float, default=d.sft_action_weight)
     pp.add_argument("--train-size", type=int, default=d.train_size, help=f"training prompts ({d.train_size})")
     pp.add_argument("--per-event", type=int, default=d.per_event, help="validation rows per event type")
-    pp.add_argument("--heldout-scenes", type=int, default=d.heldout_scenes)
-    pp.add_argument("--heldout-seed", type=int, default=d.heldout_seed)
     pp.add_argument("--workers", type=int, default=d.workers)
     pp.add_argument("--carry-limit-mb", type=float, default=8.0, help="warn (exit 1) above this carry size")
     pp.add_argument(
@@ -377,10 +405,10 @@ def build_parser() -> argparse.ArgumentParser:
     pp.add_argument("--behaviour-max-steps", type=int, default=d.behaviour_max_steps, help="steps per episode")
     pp.add_argument("--behaviour-num-steps", type=int, default=d.behaviour_num_steps, help="behaviour ODE steps")
     pp.add_argument("--device", default=d.device, help=f"torch device of the behaviour policy ({d.device})")
-    pp.set_defaults(func=cmd_prepare)
 
-    pr = sub.add_parser("run", help="train, export and evaluate every run (GPU box; --cpu for a dry run)")
-    pr.add_argument("--workdir", type=Path, required=True)
+
+def _add_run_args(pr: argparse.ArgumentParser) -> None:
+    """Flags of `run` (and of `all`) but --workdir and the held-out ones."""
     dev = pr.add_mutually_exclusive_group(required=True)
     dev.add_argument("--gpu", action="store_true", help="one GPU, all runs concurrently on it")
     dev.add_argument("--cpu", action="store_true", help="CPU plumbing check (use tiny --steps)")
@@ -401,13 +429,6 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("--deadline-s", type=float, help="stop everything after this (450 GPU, 2400 CPU)")
     pr.add_argument("--results-name", default="results", help="results folder inside --workdir")
     pr.add_argument("--pack", type=Path, help="write a tar.gz of the results (no weights) here")
-    pr.add_argument(
-        "--heldout-seed",
-        type=int,
-        help="evaluate on scenes and episodes the evaluator draws from this held-out seed (closed_loop_eval.py "
-        "--synthesize --seed, on the workspace's level and goal rule); default: the workspace's held-out scenes",
-    )
-    pr.add_argument("--heldout-scenes", type=int, help="with --heldout-seed: scenes drawn (default 40)")
     pr.add_argument("--eval-execute-steps", type=int, default=8, help="action steps executed per policy call (8)")
     pr.add_argument("--stop-gate", action="store_true", help="evaluate with the checkpoints' STOP gate")
     pr.add_argument("--eval-workers", type=int, default=1, help="processes per evaluation (default 1)")
@@ -425,7 +446,42 @@ def build_parser() -> argparse.ArgumentParser:
         help="go on with --results-name from an earlier call: finished runs are kept, trainings resume from "
         "their last checkpoint, cut-off evaluations run again",
     )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="command", required=True)
+    d = study_ws.WorkspaceSettings()
+
+    pp = sub.add_parser("prepare", help="build the workspace and its carry copy (CPU)")
+    pp.add_argument("--workdir", type=Path, required=True, help="study folder (git-ignored, e.g. .study)")
+    pp.add_argument("--heldout-scenes", type=int, default=d.heldout_scenes)
+    pp.add_argument("--heldout-seed", type=int, default=d.heldout_seed)
+    _add_prepare_args(pp, d)
+    pp.set_defaults(func=cmd_prepare)
+
+    pr = sub.add_parser("run", help="train, export and evaluate every run (GPU box; --cpu for a dry run)")
+    pr.add_argument("--workdir", type=Path, required=True)
+    pr.add_argument(
+        "--heldout-seed",
+        type=int,
+        help="evaluate on scenes and episodes the evaluator draws from this held-out seed (closed_loop_eval.py "
+        "--synthesize --seed, on the workspace's level and goal rule); default: the workspace's held-out scenes",
+    )
+    pr.add_argument("--heldout-scenes", type=int, help="with --heldout-seed: scenes drawn (default 40)")
+    _add_run_args(pr)
     pr.set_defaults(func=cmd_run)
+
+    pa = sub.add_parser(
+        "all",
+        help="prepare (unless done), run (resuming an earlier call's results) and report, from one command",
+    )
+    pa.add_argument("--workdir", type=Path, required=True)
+    pa.add_argument("--heldout-scenes", type=int, default=40, help="held-out scenes the evaluator draws (40)")
+    pa.add_argument("--heldout-seed", type=int, required=True, help="held-out seed of scenes, episodes and noise")
+    _add_prepare_args(pa, d)
+    _add_run_args(pa)
+    pa.set_defaults(func=cmd_all)
 
     pt = sub.add_parser("report", help="plots and tables from a results folder or tarball")
     pt.add_argument("--workdir", type=Path, required=True)

@@ -400,8 +400,11 @@ def test_study_from_a_stage2_checkpoint_resumes_a_cut_off_training(tmp_path):
     (results / "status.json").write_text(json.dumps(status))
     again = subprocess.run(run, capture_output=True, text=True, timeout=120)
     assert again.returncode == 2 and "--resume" in again.stderr  # never overwritten without --resume
-    proc = subprocess.run([*run, "--resume"], capture_output=True, text=True, timeout=900)
+    # The one-command form goes on from here: the workspace is reused, the results resumed, the report written.
+    every = [*study, "all", *prep[3:], *run[3:]]
+    proc = subprocess.run(every, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "== prepare: reusing the workspace" in proc.stdout and "== run (resuming)" in proc.stdout
     final = json.loads((results / "status.json").read_text())["runs"]
     assert final["main_s1"]["state"] == "done" and final["stage2"]["state"] == "done"
     assert "resumed from" in (results / "runs" / "main_s1" / "train.log").read_text()
@@ -412,9 +415,7 @@ def test_study_from_a_stage2_checkpoint_resumes_a_cut_off_training(tmp_path):
     assert sorted(validation) == ["1", "2"] and all(v["state"] == "done" for v in validation.values())
     assert len(list((results / "evals" / "val" / "main_s1").glob("step_2.cut-off-*"))) == 1
 
-    proc = subprocess.run([*study, "report", "--workdir", str(work), "--output-dir", str(tmp_path / "rep")],
-                          capture_output=True, text=True, timeout=300)  # fmt: skip
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    tables = (tmp_path / "rep" / "tables.md").read_text()
+    tables = (work / "report" / "tables.md").read_text()
     assert "Closed-loop validation during training" in tables and "| main_s1 | 2 | 2 |" in tables
-    assert (tmp_path / "rep" / "closed_loop_validation.png").stat().st_size > 1000
+    assert "premature STOP" in tables and "path length (m)" in tables  # the gaming signs beside SR
+    assert (work / "report" / "closed_loop_validation.png").stat().st_size > 1000
