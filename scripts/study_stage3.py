@@ -276,6 +276,9 @@ def cmd_all(args: argparse.Namespace) -> int:
             return 2
     results = w / args.results_name
     args.resume = (results / "status.json").is_file()
+    if args.pack is not None and args.pack.exists():  # an earlier call's tarball: kept, this call writes beside it
+        args.pack = args.pack.with_name(f"{int(time.time())}-{args.pack.name}")
+        print(f"--pack exists; this call packs to {args.pack}")
     print(f"== run{' (resuming)' if args.resume else ''}", flush=True)
     rc = cmd_run(args)
     if rc != 0:
