@@ -16,22 +16,15 @@ from pathlib import Path
 
 import numpy as np
 
+from verl_omni.sim.eval_metrics import METRIC_LABELS as EVAL_METRIC_LABELS
+
 from . import stats
 from .plan import ARM_BY_NAME
 
 LAYERS = ("visual", "nav_1", "nav_2", "nav_3", "nav_4", "stop_1", "stop_2", "stop_3", "stop_4")
 EVENTS = ("all", "collision_precursor", "premature_stop_risk", "required_stop", "near_goal_continuation")
-METRIC_LABELS = {
-    "success": "SR",
-    "spl": "SPL",
-    "oracle_success": "OSR",
-    "ne": "NE (m)",
-    "collisions": "collisions/ep",
-    "collided": "episodes w/ collision",
-    "premature_stop": "premature STOP",
-    "progress": "progress (m)",
-    "path_length": "path length (m)",
-}
+# The evaluator's labels, so the study's tables name a metric as closed_loop_eval.py prints it.
+METRIC_LABELS = {m: EVAL_METRIC_LABELS[m] for m in stats.CLOSED_LOOP_METRICS}
 STAGE2 = "stage2"
 
 

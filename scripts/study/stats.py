@@ -15,6 +15,8 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
+from verl_omni.sim.eval_metrics import PROPORTION_METRICS
+
 # Closed-loop metrics the study reports, in table order, with the direction that counts as better (None: neither;
 # path length is reported beside SR as a sign of reward gaming, not as a goal). The last three are the gaming signs
 # (premature STOP, standing still, wandering); reports written before the evaluator recorded them lack them.
@@ -29,7 +31,8 @@ CLOSED_LOOP_METRICS: tuple[str, ...] = (
     "progress",
     "path_length",
 )
-BINARY_METRICS: tuple[str, ...] = ("success", "oracle_success", "collided", "premature_stop")
+# Rates (Wilson intervals) are the evaluator's own proportion metrics.
+BINARY_METRICS: tuple[str, ...] = PROPORTION_METRICS
 HIGHER_IS_BETTER: dict[str, bool | None] = {
     "success": True,
     "spl": True,

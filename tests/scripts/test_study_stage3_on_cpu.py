@@ -137,7 +137,7 @@ def test_compare_closed_loop_reports_the_gaming_signs_beside_sr():
     assert half == pytest.approx(2.387, abs=1e-3) and pg["improved"] is False  # the interval holds 0
     assert comp["path_length"]["diff"][0] == pytest.approx(0.75) and comp["path_length"]["improved"] is None
     rows = report.closed_loop_main_table(comp)
-    assert [r[0] for r in rows[-3:]] == ["premature STOP", "progress (m)", "path length (m)"]
+    assert [r[0] for r in rows[-3:]] == ["premature STOP", "geodesic progress (m)", "path length (m)"]
     older = stats.compare_closed_loop(_episodes([0, 1], [1, 0]), [_episodes([1, 1], [0, 0])])
     assert "premature_stop" not in older and "success" in older
     assert [r[0] for r in report.closed_loop_main_table(older)][-1] == "episodes w/ collision"
