@@ -45,7 +45,13 @@ from study import workspace as study_ws  # noqa: E402
 DOC_BEGIN = "<!-- study:generated:begin -->"
 DOC_END = "<!-- study:generated:end -->"
 CARRY_ARCHIVE = "carry.tar.xz"
-FIGURES = ("reward_curves.png", "validation_events.png", "closed_loop.png", "closed_loop_validation.png")
+FIGURES = (
+    "reward_curves.png",
+    "validation_events.png",
+    "closed_loop.png",
+    "closed_loop_validation.png",
+    "trajectories.png",
+)
 
 
 class StudyError(Exception):
@@ -347,6 +353,12 @@ def cmd_report(args: argparse.Namespace) -> int:
         figures.append(FIGURES[2])
     if plots.closed_loop_validation(data, out / FIGURES[3]):
         figures.append(FIGURES[3])
+    # Stage II beside the first main seed on the same held-out episodes (the first scenes, 3 episodes each).
+    main_runs = [r.name for r in data.arm_runs("main") if r.episodes is not None]
+    traj = rep.load_trajectories(results, [rep.STAGE2, *main_runs[:1]])
+    if traj is not None:
+        plots.trajectory_comparison(traj, out / FIGURES[4])
+        figures.append(FIGURES[4])
     rel = os.path.relpath(out, args.update_doc.parent) if args.update_doc else str(out)
     block = rep.render_markdown(data, comps, [f"{rel}/{f}" for f in figures], _display_path(results))
     (out / "tables.md").write_text(block)

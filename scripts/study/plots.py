@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from . import stats
-from .report import EVENTS, LAYERS, METRIC_LABELS, StudyData, aligned
+from .report import EVENTS, LAYERS, METRIC_LABELS, StudyData, Trajectories, aligned
 
 ARM_COLORS = {
     "main": "tab:blue",
@@ -147,3 +147,14 @@ def closed_loop_validation(data: StudyData, path: Path) -> bool:
     fig.suptitle("closed-loop validation during training (validation seed)", fontsize=10)
     _save(plt, fig, path)
     return True
+
+
+def trajectory_comparison(traj: Trajectories, path: Path, episodes_per_scene: int = 3) -> None:
+    """Stage-II and Stage-III trajectories of the same held-out episodes on the occupancy maps (one line style per
+    evaluation, one colour per episode; ``verl_omni.sim.eval_plot``, the evaluator's own figure)."""
+    from verl_omni.sim.eval_plot import plot_trajectories
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.stem}.tmp-{os.getpid()}.png")
+    plot_trajectories(tmp, traj.plans, traj.specs, traj.runs, episodes_per_scene=episodes_per_scene)
+    os.replace(tmp, path)

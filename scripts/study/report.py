@@ -120,6 +120,57 @@ def load_results(results: Path) -> StudyData:
 
 
 # ---------------------------------------------------------------------------------------------- numbers
+@dataclass
+class Trajectories:
+    """Closed-loop trajectories of several evaluations on the same episodes (for the trajectory figure).
+
+    Attributes:
+        plans: Scene id -> ``FloorPlan`` (the evaluator's saved scenes).
+        specs: ``EpisodeSpec`` per drawn episode, in evaluation order.
+        runs: ``(label, [EpisodeResult])`` per evaluation, results in ``specs`` order.
+    """
+
+    plans: dict
+    specs: list
+    runs: list
+
+
+def load_trajectories(results: Path, names: Sequence[str], scenes: int = 6) -> Trajectories | None:
+    """Trajectories of the evaluations ``names`` (``stage2`` or run names) on the first ``scenes`` scenes.
+
+    The scenes come from the first evaluation that saved them (``evals/<name>/scenes``: the evaluator writes the
+    scenes it synthesized); every evaluation of a study draws the same episodes, which is checked.
+
+    Returns:
+        None when fewer than one of ``names`` was evaluated or no scene folder was saved.
+    """
+    from verl_omni.sim.closed_loop import EpisodeResult, EpisodeSpec
+    from verl_omni.sim.floorplan import FloorPlan
+
+    reports = {}
+    for name in names:
+        path = results / "evals" / name / "report.json"
+        if path.is_file():
+            reports[name] = (path, json.loads(path.read_text()))
+    scene_root = next(
+        (results / "evals" / n / "scenes" for n in reports if (results / "evals" / n / "scenes").is_dir()), None
+    )
+    if not reports or scene_root is None:
+        return None
+    first_path, first = next(iter(reports.values()))
+    specs = [EpisodeSpec.from_dict(e) for e in first["episodes"]]
+    keep_scenes = list(dict.fromkeys(s.scene_id for s in specs))[:scenes]
+    keep = [i for i, s in enumerate(specs) if s.scene_id in keep_scenes]
+    runs = []
+    for name, (path, rep) in reports.items():
+        if [e["episode_id"] for e in rep["episodes"]] != [s.episode_id for s in specs]:
+            raise ValueError(f"{path}: its episodes differ from those of {first_path}; not one study's evaluations")
+        episodes = rep["runs"]["checkpoint"]["episodes"]
+        runs.append((name, [EpisodeResult.from_dict(episodes[i]) for i in keep]))
+    plans = {sid: FloorPlan.load(scene_root / sid) for sid in keep_scenes}
+    return Trajectories(plans, [specs[i] for i in keep], runs)
+
+
 def aligned(runs: Sequence[RunData], key: str) -> tuple[np.ndarray, np.ndarray]:
     """``(steps [T], values [S, T])`` of a metric over the union of logged steps (NaN where a run lacks one)."""
     curves = [r.curve(key) for r in runs]

@@ -419,3 +419,5 @@ def test_study_from_a_stage2_checkpoint_resumes_a_cut_off_training(tmp_path):
     assert "Closed-loop validation during training" in tables and "| main_s1 | 2 | 2 |" in tables
     assert "premature STOP" in tables and "path length (m)" in tables  # the gaming signs beside SR
     assert (work / "report" / "closed_loop_validation.png").stat().st_size > 1000
+    # Stage II beside main_s1 on the same held-out episodes, drawn from the evaluations' own trajectories.
+    assert (work / "report" / "trajectories.png").stat().st_size > 1000 and "trajectories.png)" in tables

@@ -5,6 +5,7 @@ The empty room is 4 m x 2 m of free floor inside 0.1 m walls (grid 0.05 m, origi
 between them is an exact number of cells.
 """
 
+import json
 import math
 
 import numpy as np
@@ -14,6 +15,7 @@ import torch
 from verl_omni.data.actions import wrap_angle
 from verl_omni.sim.closed_loop import (
     ClosedLoopConfig,
+    EpisodeResult,
     EpisodeSpec,
     execute_actions,
     run_closed_loop,
@@ -200,6 +202,17 @@ def test_rejects_bad_policy_output_and_config():
 def test_episode_spec_round_trip():
     s = spec(1.025, 3.025, seed=7)
     assert EpisodeSpec.from_dict(s.to_dict()) == s
+
+
+def test_episode_result_round_trip_through_json():
+    # The walk of test_walks_straight_to_the_goal_and_stops_there_sr_1, written as a report.json episode and read back.
+    (r,) = run(Scripted("straight"), [spec(1.025, 3.025)])
+    back = EpisodeResult.from_dict(json.loads(json.dumps(r.to_dict())))
+    assert back.metrics() == r.metrics()
+    assert back.metrics()["progress"] == pytest.approx(2.0, abs=1e-5)  # 2 m walked straight at the goal
+    for name in ("poses", "actions", "blocked", "geodesic"):
+        np.testing.assert_array_equal(getattr(back, name), getattr(r, name))
+    assert back.blocked.dtype == bool and back.poses.shape == (9, 3)
 
 
 # --------------------------------------------------------------------------------------------- held-out episodes

@@ -346,6 +346,34 @@ class EpisodeResult:
             "geodesic": self.geodesic.tolist(),
         }
 
+    @classmethod
+    def from_dict(cls, d: Mapping) -> EpisodeResult:
+        """Inverse of ``to_dict`` (e.g. an episode of a ``closed_loop_eval.py`` report.json); the derived
+        ``progress`` / ``premature_stop`` fields are recomputed by ``metrics()``, not read.
+
+        Raises:
+            KeyError: a field of ``to_dict`` is missing (a report written without trajectories).
+        """
+        poses = np.asarray(d["poses"], np.float64).reshape(-1, 3)
+        return cls(
+            episode_id=str(d["episode_id"]),
+            scene_id=str(d["scene_id"]),
+            success=bool(d["success"]),
+            oracle_success=bool(d["oracle_success"]),
+            spl=float(d["spl"]),
+            ne=float(d["ne"]),
+            collisions=int(d["collisions"]),
+            collided=bool(d["collided"]),
+            path_length=float(d["path_length"]),
+            steps=int(d["steps"]),
+            policy_calls=int(d["policy_calls"]),
+            end_reason=str(d["end_reason"]),
+            poses=poses,
+            actions=np.asarray(d["actions"], np.float64).reshape(-1, 4),
+            blocked=np.asarray(d["blocked"], bool).reshape(-1),
+            geodesic=np.asarray(d["geodesic"], np.float64).reshape(-1),
+        )
+
 
 def episode_result(
     spec: EpisodeSpec,
