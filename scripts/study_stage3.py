@@ -117,7 +117,8 @@ def cmd_prepare(args: argparse.Namespace) -> int:
     if "final_heldout_loss" in ckpt_prov:
         ini, fin = ckpt_prov["initial_heldout_loss"], ckpt_prov["final_heldout_loss"]
         print(
-            f"  Stage-II stand-in held-out loss: action {ini['action']:.3f} -> {fin['action']:.3f}, "
+            f"  {'Stage-II checkpoint' if args.stage2_checkpoint else 'Stage-II stand-in'} held-out loss (its own "
+            f"training): action {ini['action']:.3f} -> {fin['action']:.3f}, "
             f"video {ini['video']:.3f} -> {fin['video']:.3f}"
         )
     if total > args.carry_limit_mb * 1e6:

@@ -139,6 +139,9 @@ def closed_loop_validation(data: StudyData, path: Path) -> bool:
             steps = sorted(run.validation)
             values = [np.mean([float(e.get(key, np.nan)) for e in run.validation[s]]) for s in steps]
             ax.plot(steps, values, "o-", ms=3, color=ARM_COLORS.get(run.arm, "gray"), label=run.name, lw=1.2)
+        if data.stage2_validation:  # the start on the same episodes: the line a run has to beat
+            start = np.mean([float(e.get(key, np.nan)) for e in data.stage2_validation])
+            ax.axhline(start, color="black", ls="--", lw=1.0, label="stage2 (start)")
         ax.set_title(title, fontsize=9)
         ax.set_xlabel("step", fontsize=8)
         ax.tick_params(labelsize=7)

@@ -64,6 +64,7 @@ class StudyData:
     runs: list[RunData]
     stage2: list[dict] | None
     status: dict
+    stage2_validation: list[dict] | None = None  # the start on the validation episodes (its "step 0")
 
     def arm_runs(self, arm: str) -> list[RunData]:
         return sorted((r for r in self.runs if r.arm == arm), key=lambda r: r.seed)
@@ -116,7 +117,8 @@ def load_results(results: Path) -> StudyData:
             if tail.isdigit():
                 run.validation[int(tail)] = _episodes(report)
         runs.append(run)
-    return StudyData(runs, _episodes(results / "evals" / STAGE2 / "report.json"), status)
+    start_val = _episodes(results / "evals" / "val" / STAGE2 / "step_0" / "report.json")
+    return StudyData(runs, _episodes(results / "evals" / STAGE2 / "report.json"), status, start_val)
 
 
 # ---------------------------------------------------------------------------------------------- numbers
@@ -242,18 +244,18 @@ def closed_loop_validation_table(data: StudyData) -> list[list[str]]:
     """Closed-loop validation during training: per run and saved checkpoint, SR (Wilson 95%) and the signs of
     reward gaming beside it (premature STOP, progress, path length) and collisions."""
     rows = [["run", "step", "episodes", "SR [95% CI]", "premature STOP", "progress (m)", "path (m)", "collisions/ep"]]
-    for run in data.runs:
-        for step in sorted(run.validation):
-            eps = run.validation[step]
-            n, k = len(eps), sum(bool(e["success"]) for e in eps)
-            lo, hi = stats.wilson(k, n)
+    # The start first (step 0 of every run), when it was validated on the same episodes.
+    start = [(STAGE2 + " (start)", 0, data.stage2_validation)] if data.stage2_validation else []
+    for name, step, eps in [*start, *((r.name, s, r.validation[s]) for r in data.runs for s in sorted(r.validation))]:
+        n, k = len(eps), sum(bool(e["success"]) for e in eps)
+        lo, hi = stats.wilson(k, n)
 
-            def mean(key: str, eps=eps) -> str:
-                vals = [float(e[key]) for e in eps if key in e]
-                return f"{np.mean(vals):.2f}" if vals else "n/a"
+        def mean(key: str, eps=eps) -> str:
+            vals = [float(e[key]) for e in eps if key in e]
+            return f"{np.mean(vals):.2f}" if vals else "n/a"
 
-            rows.append([run.name, str(step), str(n), f"{k / n:.3f} [{lo:.3f}, {hi:.3f}]", mean("premature_stop"),
-                         mean("progress"), mean("path_length"), mean("collisions")])  # fmt: skip
+        rows.append([name, str(step), str(n), f"{k / n:.3f} [{lo:.3f}, {hi:.3f}]", mean("premature_stop"),
+                     mean("progress"), mean("path_length"), mean("collisions")])  # fmt: skip
     return rows
 
 

@@ -346,10 +346,42 @@ class StudyRunner:
         val[step] = {"state": "exporting", "export": str(export)}
         self._set(name, validation=val)
 
+    def _validate_start(self) -> None:
+        """Validation of the start itself: the Stage-II checkpoint on the validation episodes, recorded as its
+        step 0, so every run's validation rows have a baseline on the same episodes."""
+        val = self.state[STAGE2].setdefault("validation", {})
+        key = f"{STAGE2}@0"
+        job = self.val_jobs.get(key)
+        if job is not None:
+            if job.poll() is None:
+                return
+            del self.val_jobs[key]
+            if job.returncode != 0:
+                val["0"].update(state="failed", reason=f"{job.name} exit {job.returncode}", log_tail=log_tail(job.log))
+            else:
+                val["0"].update(
+                    state="done", report=str(Path(val["0"]["eval_dir"]) / "report.json"), eval_s=job.seconds
+                )
+            self._set(STAGE2, validation=val)
+            return
+        if "0" in val or self._busy() >= self.max_eval:
+            return
+        out = self.results / "evals" / "val" / STAGE2 / "step_0"
+        if out.exists():  # cut off earlier (resume): kept aside, never deleted
+            out.rename(out.with_name(f"step_0.cut-off-{int(time.time())}"))
+        argv = self._python("tools/eval/closed_loop_eval.py", "--checkpoint", str(self.ckpt),
+                            *self.val_settings.argv(self.scenes), "--output-dir", str(out))  # fmt: skip
+        self.val_jobs[key] = Job(
+            f"val-eval:{key}", argv, out.parent / "step_0.log", env={"OMP_NUM_THREADS": self.threads}
+        )
+        self.val_jobs[key].start()
+        val["0"] = {"state": "evaluating", "eval_dir": str(out)}
+        self._set(STAGE2, validation=val)
+
     def _validation_pending(self) -> bool:
         if self.val_settings is None:
             return False
-        if self.val_jobs:
+        if self.val_jobs or "0" not in self.state[STAGE2].get("validation", {}):
             return True
         from verl_omni.utils.run_layout import checkpoint_steps
 
@@ -482,9 +514,9 @@ class StudyRunner:
                         if name in self.jobs:
                             self.jobs[name].terminate()
                         self._set(name, state="failed", reason=f"{type(e).__name__}: {e}")
-                    if self.val_settings is not None and name != STAGE2:
+                    if self.val_settings is not None:
                         try:
-                            self._validate(name)
+                            self._validate_start() if name == STAGE2 else self._validate(name)
                         except Exception as e:  # validation must not end the run it watches
                             print(f"[study] {name}: closed-loop validation: {type(e).__name__}: {e}", flush=True)
                 time.sleep(1.0)

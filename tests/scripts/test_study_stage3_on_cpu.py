@@ -384,6 +384,14 @@ def test_study_from_a_stage2_checkpoint_resumes_a_cut_off_training(tmp_path):
         and "--episodes 2" in val_log
         and "global_step_1" in (results / "runs" / "main_s1" / "val" / "step_1" / "export.log").read_text()
     )
+    # The start itself on the validation episodes (step 0): the baseline of every run's validation rows.
+    start_val = json.loads((results / "status.json").read_text())["runs"]["stage2"]["validation"]
+    assert list(start_val) == ["0"] and start_val["0"]["state"] == "done"
+    start_log = (results / "evals" / "val" / "stage2" / "step_0.log").read_text()
+    assert "--seed 1000" in start_log and "--episodes 2" in start_log
+    start_report = results / "evals" / "val" / "stage2" / "step_0" / "report.json"
+    assert json.loads(start_report.read_text())["runs"]["checkpoint"]["checkpoint"]["path"].endswith("ckpt")
+    start_stamp = start_report.stat().st_mtime_ns
     bad = [*run, "--results-name", "r2", "--val-seed", "2000"]
     bad = subprocess.run(bad, capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "--val-seed 2000" in bad.stderr and not (work / "r2").exists()
@@ -410,6 +418,7 @@ def test_study_from_a_stage2_checkpoint_resumes_a_cut_off_training(tmp_path):
     assert "resumed from" in (results / "runs" / "main_s1" / "train.log").read_text()
     assert (out / "global_step_2").is_dir()
     assert stage2_report.stat().st_mtime_ns == stamp  # the finished evaluation was kept, not run again
+    assert start_report.stat().st_mtime_ns == start_stamp  # and so was the start's validation
     assert len(list((results / "evals").glob("main_s1.cut-off-*"))) == 1  # the old evaluation, kept aside
     validation = final["main_s1"]["validation"]
     assert sorted(validation) == ["1", "2"] and all(v["state"] == "done" for v in validation.values())
@@ -417,6 +426,7 @@ def test_study_from_a_stage2_checkpoint_resumes_a_cut_off_training(tmp_path):
 
     tables = (work / "report" / "tables.md").read_text()
     assert "Closed-loop validation during training" in tables and "| main_s1 | 2 | 2 |" in tables
+    assert "| stage2 (start) | 0 | 2 |" in tables
     assert "premature STOP" in tables and "path length (m)" in tables  # the gaming signs beside SR
     assert (work / "report" / "closed_loop_validation.png").stat().st_size > 1000
     # Stage II beside main_s1 on the same held-out episodes, drawn from the evaluations' own trajectories.
