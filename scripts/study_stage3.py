@@ -219,6 +219,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     common = {"execute_steps": args.eval_execute_steps, "stop_gate": args.stop_gate, "workers": args.eval_workers}
     if args.val_episodes and args.heldout_seed is None:
         raise StudyError("--val-episodes needs --heldout-seed (validation draws its own scenes, like the held-out set)")
+    if args.select_by_validation and not args.val_episodes:
+        raise StudyError("--select-by-validation needs --val-episodes (it chooses among the validated checkpoints)")
     if args.val_episodes and args.val_seed == args.heldout_seed:
         raise StudyError(f"--val-seed {args.val_seed}: that is the held-out seed; choose another one")
     if args.cpu:
@@ -244,6 +246,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         meta={"settings": vars(settings), "workspace": ws["desc"], "argv": sys.argv[1:]},
         resume=args.resume,
         val_settings=val,
+        select_by_validation=args.select_by_validation,
     )
     print(
         f"study: {len(configs)} runs ({', '.join(n for n, _ in configs)}), {settings.steps} steps each, "
@@ -456,6 +459,12 @@ def _add_run_args(pr: argparse.ArgumentParser) -> None:
         "many episodes of --val-seed while the training goes on (default 0: off; needs --heldout-seed)",
     )
     pr.add_argument("--val-seed", type=int, default=1000, help="seed of the validation episodes (default 1000)")
+    pr.add_argument(
+        "--select-by-validation",
+        action="store_true",
+        help="export and evaluate each run's checkpoint with the best closed-loop validation SR (ties: the later "
+        "one) instead of its last; needs --val-episodes",
+    )
     pr.add_argument(
         "--resume",
         action="store_true",

@@ -340,6 +340,8 @@ def run_status_table(data: StudyData) -> list[list[str]]:
     rows = [["run", "state", "steps", "train s", "eval s", "note"]]
     for name, st in data.status["runs"].items():
         note = st.get("reason") or st.get("note") or ""
+        if "selected_step" in st:  # --select-by-validation
+            note = f"{note}; exported step {st['selected_step']} ({st.get('selection', '')})".lstrip("; ")
         rows.append(
             [
                 name,

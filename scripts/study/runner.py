@@ -142,6 +142,27 @@ def latest_checkpoint(output_dir: Path) -> Path | None:
     return None if step is None else checkpointing.step_dir(output_dir, step)
 
 
+def best_validated_step(success_rates: dict[int, float]) -> int:
+    """The checkpoint step with the highest closed-loop validation SR; a tie goes to the later step (more training
+    for the same validated success).
+
+    Args:
+        success_rates: Step -> SR on the validation episodes (at least one entry).
+
+    Raises:
+        ValueError: ``success_rates`` is empty.
+    """
+    if not success_rates:
+        raise ValueError("best_validated_step: no validated checkpoint to choose from")
+    return max(success_rates, key=lambda step: (success_rates[step], step))
+
+
+def validation_success_rate(report: Path) -> float:
+    """SR of one ``closed_loop_eval.py`` report (its checkpoint run)."""
+    episodes = json.loads(report.read_text())["runs"]["checkpoint"]["episodes"]
+    return sum(bool(e["success"]) for e in episodes) / len(episodes)
+
+
 def metrics_steps(output_dir: Path) -> int:
     path = output_dir / "metrics.jsonl"
     if not path.is_file():
@@ -171,6 +192,9 @@ class StudyRunner:
             exported and evaluated with these settings (another seed than the held-out one) while the training
             goes on; the runs keep all their checkpoints for it. Reports land in ``evals/val/<run>/step_<N>``
             and the run's status lists them under ``validation``.
+        select_by_validation: Export and evaluate the checkpoint of each run with the best validation SR
+            (``best_validated_step``) instead of its last one, once every checkpoint it saved is validated; its status
+            records ``selected_step``. Model selection on the validation seed, never on the held-out one.
     """
 
     def __init__(
@@ -188,6 +212,7 @@ class StudyRunner:
         meta: dict | None = None,
         resume: bool = False,
         val_settings: EvalSettings | None = None,
+        select_by_validation: bool = False,
     ) -> None:
         self.results = results
         self.ckpt = ckpt
@@ -204,6 +229,9 @@ class StudyRunner:
         self.meta = meta or {}
         self.resume = resume
         self.val_settings = val_settings
+        if select_by_validation and val_settings is None:
+            raise ValueError("select_by_validation needs val_settings (closed-loop validation during training)")
+        self.select_by_validation = select_by_validation
         self.val_jobs: dict[str, Job] = {}  # "<run>@<step>" -> its export, then its evaluation
         if val_settings is not None:
             for cfg in self.configs.values():
@@ -419,13 +447,15 @@ class StudyRunner:
             self._set(name, train_rc=rc, train_s=job.seconds, steps_done=steps)
             if ckpt is None:
                 self._set(name, state="failed", reason=f"training exit {rc}, no checkpoint", log_tail=log_tail(job.log))
-            elif self._busy() < self.max_eval:
+            elif self._busy() < self.max_eval and not self.select_by_validation:
                 self._start_export(name, ckpt)
             else:
                 self._set(name, state="trained")
         elif st["state"] == "trained":
             if self._busy() < self.max_eval:
-                self._start_export(name, Path(latest_checkpoint(Path(st["output_dir"]))))
+                ckpt = self._final_checkpoint(name)
+                if ckpt is not None:
+                    self._start_export(name, ckpt)
         elif st["state"] == "exported":
             if self._busy() < self.max_eval:
                 self._start_eval(name, Path(st["export"]))
@@ -453,6 +483,28 @@ class StudyRunner:
                 self._set(name, state="failed", reason=f"not started before the {self.train_deadline_s:.0f}s guard")
             elif self._count("training") < self.max_train:
                 self._start_training(name)
+
+    def _final_checkpoint(self, name: str) -> Path | None:
+        """The checkpoint a finished training exports: its last one, or with ``select_by_validation`` the best
+        validated one (None while a checkpoint still awaits its validation)."""
+        from verl_omni.utils.run_layout import checkpoint_steps, is_complete, step_dir
+
+        out = Path(self.state[name]["output_dir"])
+        if not self.select_by_validation:
+            return Path(latest_checkpoint(out))
+        val = self.state[name].get("validation", {})
+        steps = [n for n in sorted(checkpoint_steps(out)) if is_complete(step_dir(out, n))]
+        if any(val.get(str(n), {}).get("state") not in ("done", "failed") for n in steps):
+            return None
+        rates = {
+            n: validation_success_rate(Path(val[str(n)]["report"])) for n in steps if val[str(n)]["state"] == "done"
+        }
+        if not rates:
+            self._set(name, selection="no checkpoint was validated: the last one")
+            return Path(latest_checkpoint(out))
+        best = best_validated_step(rates)
+        self._set(name, selected_step=best, selection=f"best validation SR {rates[best]:.3f} of steps {sorted(rates)}")
+        return step_dir(out, best)
 
     def _take_over(self) -> None:
         """Resume: the state of each run from the earlier invocation's ``status.json`` and its files."""

@@ -329,6 +329,21 @@ def test_eval_settings_argv_synthesized_or_carried_scenes():
     assert flags["--workers"] == "16"
 
 
+def test_best_validated_step_by_hand_and_report_success_rate(tmp_path):
+    from study.runner import StudyRunner, best_validated_step, validation_success_rate
+
+    assert best_validated_step({50: 0.30, 100: 0.35, 150: 0.35}) == 150  # tie: the later step
+    assert best_validated_step({50: 0.40, 100: 0.30}) == 50
+    with pytest.raises(ValueError, match="no validated checkpoint"):
+        best_validated_step({})
+    report_path = tmp_path / "report.json"
+    episodes = [{"episode_id": str(i), "success": ok} for i, ok in enumerate((True, False, True))]
+    report_path.write_text(json.dumps({"runs": {"checkpoint": {"episodes": episodes}}}))
+    assert validation_success_rate(report_path) == pytest.approx(2 / 3)
+    with pytest.raises(ValueError, match="needs val_settings"):
+        StudyRunner(tmp_path / "r", [], tmp_path, tmp_path, None, 1, 1, 1.0, 1.0, select_by_validation=True)
+
+
 def test_workspace_settings_refuse_bad_task_and_checkpoint(tmp_path):
     from study.workspace import WorkspaceSettings
 
@@ -409,7 +424,7 @@ def test_study_from_a_stage2_checkpoint_resumes_a_cut_off_training(tmp_path):
     again = subprocess.run(run, capture_output=True, text=True, timeout=120)
     assert again.returncode == 2 and "--resume" in again.stderr  # never overwritten without --resume
     # The one-command form goes on from here: the workspace is reused, the results resumed, the report written.
-    every = [*study, "all", *prep[3:], *run[3:]]
+    every = [*study, "all", *prep[3:], *run[3:], "--select-by-validation"]
     proc = subprocess.run(every, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "== prepare: reusing the workspace" in proc.stdout and "== run (resuming)" in proc.stdout
@@ -427,6 +442,14 @@ def test_study_from_a_stage2_checkpoint_resumes_a_cut_off_training(tmp_path):
     tables = (work / "report" / "tables.md").read_text()
     assert "Closed-loop validation during training" in tables and "| main_s1 | 2 | 2 |" in tables
     assert "| stage2 (start) | 0 | 2 |" in tables
+    # --select-by-validation: the export is the checkpoint with the best validation SR (ties: the later one).
+    rates = {}
+    for step, entry in validation.items():
+        episodes = json.loads(Path(entry["report"]).read_text())["runs"]["checkpoint"]["episodes"]
+        rates[int(step)] = np.mean([bool(e["success"]) for e in episodes])
+    best = max(rates, key=lambda k: (rates[k], k))
+    assert final["main_s1"]["selected_step"] == best and f"exported step {best}" in tables
+    assert f"global_step_{best}" in (results / "runs" / "main_s1" / "export.log").read_text()
     assert "premature STOP" in tables and "path length (m)" in tables  # the gaming signs beside SR
     assert (work / "report" / "closed_loop_validation.png").stat().st_size > 1000
     # Stage II beside main_s1 on the same held-out episodes, drawn from the evaluations' own trajectories.
