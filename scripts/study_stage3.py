@@ -359,7 +359,11 @@ def cmd_report(args: argparse.Namespace) -> int:
         figures.append(FIGURES[3])
     # Stage II beside the first main seed on the same held-out episodes (the first scenes, 3 episodes each).
     main_runs = [r.name for r in data.arm_runs("main") if r.episodes is not None]
-    traj = rep.load_trajectories(results, [rep.STAGE2, *main_runs[:1]])
+    try:
+        traj = rep.load_trajectories(results, [rep.STAGE2, *main_runs[:1]])
+    except (ValueError, KeyError) as e:  # other episodes, or a report written without trajectories: no figure
+        print(f"warning: no trajectories.png: {type(e).__name__}: {e}", file=sys.stderr)
+        traj = None
     if traj is not None:
         plots.trajectory_comparison(traj, out / FIGURES[4])
         figures.append(FIGURES[4])

@@ -144,7 +144,11 @@ def load_trajectories(results: Path, names: Sequence[str], scenes: int = 6) -> T
     scenes it synthesized); every evaluation of a study draws the same episodes, which is checked.
 
     Returns:
-        None when fewer than one of ``names`` was evaluated or no scene folder was saved.
+        None when none of ``names`` was evaluated or no scene folder was saved.
+
+    Raises:
+        ValueError: two evaluations drew different episodes.
+        KeyError: a report holds no trajectories (``poses`` and the other ``EpisodeResult.to_dict`` fields).
     """
     from verl_omni.sim.closed_loop import EpisodeResult, EpisodeSpec
     from verl_omni.sim.floorplan import FloorPlan
