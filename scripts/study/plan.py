@@ -39,7 +39,17 @@ ARMS: tuple[Arm, ...] = (
     Arm("abl_b_prompt_baseline", "(b) prompt-mean baseline", {"algorithm.baseline": "prompt"}),
     Arm("abl_c_independent_noise", "(c) independent x_0 per rollout", {"rollout.shared_initial_noise": False}),
 )
-ARM_BY_NAME = {a.name: a for a in ARMS}
+# Candidate recipe changes, not ablations: trained beside the recipe (with the ablation seeds) only when named in
+# --arms, before one may enter the recipe.
+CANDIDATE_ARMS: tuple[Arm, ...] = (
+    # verl_omni.utils.reward_score.navigation, option charge_stop_chunk.
+    Arm(
+        "cand_stop_chunk",
+        "candidate: a premature STOP's chunk charged on nav as standing still",
+        {"reward.reward_set.rewards.navigation.charge_stop_chunk": True},
+    ),
+)
+ARM_BY_NAME = {a.name: a for a in (*ARMS, *CANDIDATE_ARMS)}
 
 
 @dataclass(frozen=True)
@@ -113,6 +123,8 @@ class RunSpec:
 
 def plan_runs(settings: StudySettings, arms: tuple[str, ...] | None = None) -> list[RunSpec]:
     """The runs of the study, main seeds first (so that they start first when slots are scarce).
+
+    ``arms`` None means the recipe and its ablations (:data:`ARMS`); a candidate arm runs only when named.
 
     Raises:
         ValueError: an unknown arm name (lists the known ones).

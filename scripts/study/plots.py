@@ -20,6 +20,7 @@ ARM_COLORS = {
     "abl_a_summed": "tab:orange",
     "abl_b_prompt_baseline": "tab:green",
     "abl_c_independent_noise": "tab:red",
+    "cand_stop_chunk": "tab:purple",
 }
 DPI = 80
 

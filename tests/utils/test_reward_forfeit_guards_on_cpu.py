@@ -128,3 +128,40 @@ def test_guards_accept_the_experts_in_place_turns_and_30_degree_steps():
 def test_layer_validity_table(stop_step, collision_step, valid, expected):
     got = layer_validity(np.array([stop_step]), np.array([collision_step]), np.array([valid]))
     np.testing.assert_array_equal(got[0], np.array(expected, dtype=bool))
+
+
+def test_charge_stop_chunk_scores_the_rest_of_a_short_stops_chunk_as_standing_still():
+    # The corridor of the first test: the reference gains 0.1 m a step for 30 steps (G*_j = 3.2 - 0.1 min(j, 30)).
+    # "Slow" drives 0.1 m a step for 6 steps and waits for 2 with no STOP (whole cells: the geodesic field is per
+    # 0.1 m cell): its chunk-1 relative progress is -2 x 0.1 = -0.2. "Short" drives 0.1 m for 3 steps like the
+    # expert and STOPs at step 3 (2.9 m from the goal, premature). Without the option its nav_1 is 3 x (0.1 - 0.1)
+    # = 0: the STOP-er's motion beats the slow one's (-0.2) only because it was scored on 3 steps instead of 8.
+    # With it, steps 3..7 are charged as standing still: 5 x 0.1 = 0.5 m missed, nav_1 = -0.5 < -0.2. The STOP's own layer is the same in both (forfeit of the
+    # reference's gain from pose 3 to 32, 3.2 - 0.3 - 0.2 = 2.7 m, and min(0.5 x 2.9, 2) = 1.45): -4.15.
+    occ = walled_room(11, 60)
+    x0, y0 = centre(5, 10)
+    ref = np.zeros((33, 3))
+    ref[:, 0] = x0 + 0.1 * np.minimum(np.arange(33), 30)
+    ref[:, 1] = y0
+    slow = straight_actions(6, dx=0.1)  # 32 steps, the last 26 with no motion
+    short = straight_actions(3, dx=0.1, stop_at=3)
+    # A STOP at the first step of a chunk leaves that chunk's nav layer dead: nothing to charge there.
+    at_chunk_start = straight_actions(8, dx=0.1, stop_at=8)
+    actions = np.concatenate([slow, short, at_chunk_start])
+    batch = make_batch(actions, (x0, y0, 0.0), centre(5, 42), reference=ref, success_radius=RHO)
+    expected_stop_1 = -(3.2 - 0.3 - 0.2) - min(0.5 * 2.9, 2.0)
+    for charge, short_nav_1 in ((False, 0.0), (True, -0.5)):
+        rs = make_reward_set({"room": occ}, {"navigation": NAV | {"charge_stop_chunk": charge}, "stop": STOP})
+        out = rs.score(batch)
+        assert out.scores["nav_1"][0] == pytest.approx(-0.2, abs=1e-5)
+        assert out.scores["nav_1"][1] == pytest.approx(short_nav_1, abs=1e-5)
+        assert out.scores["stop_1"][1] == pytest.approx(expected_stop_1, abs=1e-5)
+        # STOP at step 8: chunk 1 fully driven like the expert (0), chunk 2 dead, nothing added to it.
+        assert out.scores["nav_1"][2] == pytest.approx(0.0, abs=1e-5)
+        assert out.scores["nav_2"][2] == pytest.approx(0.0, abs=1e-5)
+    assert out.diagnostics["navigation/missed"][1, 0] == pytest.approx(0.8, abs=1e-5)  # 3 driven + 5 charged steps
+
+
+def test_charge_stop_chunk_must_be_a_boolean():
+    with pytest.raises(ValueError, match="navigation.charge_stop_chunk"):
+        make_reward_set({"room": walled_room(5, 5)}, {"navigation": NAV | {"charge_stop_chunk": "yes"}})

@@ -141,3 +141,28 @@ def test_window_metrics_read_a_window_as_the_evaluator_reads_an_episode():
     np.testing.assert_array_equal(got["collided"], [0, 0, 0, 0, 1])
     np.testing.assert_allclose(got["path_length"], [3.0, 1.0, 0.0, 3.2, 1.7], atol=1e-9)
     np.testing.assert_allclose(got["SPL"], [1.0, 0, 0, 0, 0], atol=1e-6)
+
+
+def test_charge_stop_chunk_stops_crediting_a_short_stops_motion_on_real_query_states(scored):
+    # On the recorded query states whose expert drives on for at least 12 steps: the noisy imitator STOPping at step
+    # 3 (motion zeroed after it, as the SFT data pads it) against the same imitator driving on. Without the option
+    # nav_1 credits the STOP-er's 3 steps against its sibling's 8 and prefers it in most states; with it, the
+    # STOP-er stands still for steps 3..7 and is preferred in a minority only (the sibling's collisions in
+    # chunk 1 remain worse than standing still, as the evaluator's order says).
+    reward_set, states = scored
+    keep = states.reference_stop[:, :12].sum(axis=1) == 0
+    assert keep.sum() >= 20
+    drive = policy_actions(states, "noisy_imitator", heading_noise_rad=0.25, seed=0)
+    short = drive.copy()
+    short[:, 3:, :3] = 0.0
+    short[:, 3:, 3] = 1.0
+    cfg = dict(yaml.safe_load(LOCKED.read_text())["reward"]["reward_set"])
+    fractions = {}
+    for charge in (False, True):
+        rewards = dict(cfg["rewards"])
+        rewards["navigation"] = dict(rewards["navigation"], charge_stop_chunk=charge)
+        rs = build_reward_set({**cfg, "rewards": rewards}, scene_cache=reward_set.scene_cache)
+        nav_drive = rs.score(_batch(states, drive)).scores["nav_1"][keep]
+        nav_short = rs.score(_batch(states, short)).scores["nav_1"][keep]
+        fractions[charge] = float(np.mean(nav_short > nav_drive + 1e-9))
+    assert fractions[False] > 0.5 > fractions[True], fractions

@@ -22,6 +22,17 @@ goal at scored pose ``j`` / reference pose ``j``; ``E`` the end step; ``rho`` th
   where ``d_{j+1}`` is the distance from scored pose ``j + 1`` to the reference polyline (the 33
   reference poses joined by segments), ``tol = deviation_tolerance_m`` and ``cap = deviation_cap_m``.
 
+* Option ``charge_stop_chunk``: a premature STOP at step ``E`` of chunk ``k_E`` is also charged, on
+  ``nav_{k_E}``, the expert's gain over the chunk's remaining steps ``E .. 8 k_E - 1`` (added to ``missed``): the
+  robot stood still there, and standing still is charged the progress it misses. Without it a chunk cut short by
+  a STOP is scored on fewer steps than its siblings that drive on, and since a policy's relative progress and guard
+  terms are mostly negative, the STOP-er's motion looks better than theirs on the layer that credits motion. On the
+  study's 2,640 Stage-III query states (R1's collection), the noisy imitator (0.25 rad) STOPping at step 2 / 4 / 6
+  scored a higher ``nav_1`` than the same rollout driving on in 90 / 82 / 66% of the states whose expert does
+  not stop in the first 12 steps; with the option, in 36 / 31 / 21% (``scripts/reward_ranking.py`` loads them).
+  The forfeit on ``stop_{k_E}`` is unchanged (the STOP decision still sees all it gave up), so in the summed-reward
+  ablation this remainder counts twice.
+
 ``nav_k = progress_weight * (progress_k - missed_k - forfeit_k^nav) - deviation_weight * deviation_k`` and
 ``stop_k = -progress_weight * forfeit_k^stop``. Diagnostics (``[N, 4]``, un-weighted, >= 0 except progress):
 ``progress``, ``missed``, ``forfeit`` (in the chunk of ``E``, whichever layer it went to) and ``deviation``.
@@ -62,11 +73,14 @@ class NavigationConfig(RewardModuleConfig):
     deviation_weight: float = 0.5
     deviation_tolerance_m: float = 0.3
     deviation_cap_m: float = 2.0
+    charge_stop_chunk: bool = False
 
     def __post_init__(self) -> None:
         super().__post_init__()
         for name in ("progress_weight", "deviation_weight", "deviation_tolerance_m", "deviation_cap_m"):
             check_non_negative("navigation", name, getattr(self, name))
+        if not isinstance(self.charge_stop_chunk, bool):
+            raise ValueError(f"navigation.charge_stop_chunk must be true or false, got {self.charge_stop_chunk!r}")
 
 
 def progress_per_chunk(geodesic: np.ndarray) -> np.ndarray:
@@ -76,10 +90,26 @@ def progress_per_chunk(geodesic: np.ndarray) -> np.ndarray:
 
 
 def missed_per_chunk(reference_geodesic: np.ndarray, active: np.ndarray) -> np.ndarray:
-    """``[N, 33]`` geodesic metres at the reference poses + ``bool [N, 32]`` active steps -> ``[N, 4]`` metres the
-    expert gained over the rollout's active steps of each chunk."""
+    """``[N, 33]`` geodesic metres at the reference poses + ``bool [N, 32]`` charged steps (the active ones, plus a
+    premature STOP's chunk remainder under ``charge_stop_chunk``) -> ``[N, 4]`` metres the expert gained over them."""
     gained = reference_geodesic[:, :-1] - reference_geodesic[:, 1:]
     return chunk_sum(np.where(active, gained, 0.0))
+
+
+def stop_chunk_remainder(end_step: np.ndarray, stopped_early: np.ndarray) -> np.ndarray:
+    """The steps a premature STOP leaves in its own chunk: ``E .. 8 k_E - 1`` (``charge_stop_chunk``).
+
+    Args:
+        end_step: ``int [N]`` end step ``E`` (32: none).
+        stopped_early: ``bool [N]`` rollouts ended by a premature STOP.
+
+    Returns:
+        ``bool [N, 32]``.
+    """
+    steps = np.arange(STEPS)[None, :]
+    end = np.asarray(end_step)[:, None]
+    same_chunk = chunk_of_step(steps) == chunk_of_step(end)
+    return (np.asarray(stopped_early)[:, None] & (end < STEPS)) & (steps >= end) & same_chunk
 
 
 def forfeit_per_chunk(reference_geodesic: np.ndarray, end_step: np.ndarray, ended_early: np.ndarray) -> np.ndarray:
@@ -123,8 +153,11 @@ class NavigationReward(RewardModule):
     def score(self, batch: RewardBatch, geometry: RolloutGeometry | None) -> ModuleResult:
         cfg: NavigationConfig = self.config  # type: ignore[assignment]
         progress = progress_per_chunk(geometry.geodesic)
-        missed = missed_per_chunk(geometry.reference_geodesic, geometry.active)
         premature = geometry.stopped & ~geometry.succeeded(batch.success_radius)
+        charged = geometry.active
+        if cfg.charge_stop_chunk:
+            charged = charged | stop_chunk_remainder(geometry.end_step, premature)
+        missed = missed_per_chunk(geometry.reference_geodesic, charged)
         forfeit = forfeit_per_chunk(geometry.reference_geodesic, geometry.end_step, geometry.collided | premature)
         on_stop = np.where(premature[:, None], forfeit, 0.0)
         deviation = deviation_per_chunk(
