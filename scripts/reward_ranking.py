@@ -46,6 +46,22 @@ def synthesize(out: Path, args) -> tuple[Path, Path]:
     return collection, occupancy
 
 
+def short_stop_table(reward_cfg: dict, states, args, steps: tuple[int, ...] = (2, 4, 6)) -> dict:
+    """:func:`short_stop_preference` at each STOP step, with the navigation option ``charge_stop_chunk`` off and on."""
+    from verl_omni.utils.reward_score import build_reward_set
+    from verl_omni.utils.reward_score.ranking import short_stop_preference
+
+    out: dict = {"steps": steps}
+    for charge in (False, True):
+        rewards = dict(reward_cfg["rewards"])
+        rewards["navigation"] = dict(rewards["navigation"], charge_stop_chunk=charge)
+        reward_set = build_reward_set({**reward_cfg, "rewards": rewards})
+        rows = [short_stop_preference(reward_set, states, s, args.heading_noise_rad, args.noise_seed) for s in steps]
+        out[charge] = [(r["fraction"], r["mean_gap"]) for r in rows]
+        out["n"] = int(rows[0]["states"])
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if (args.collection is None) != (args.occupancy_root is None):
@@ -69,10 +85,23 @@ def main(argv: list[str] | None = None) -> int:
         reward_cfg["occupancy_root"] = str(occupancy)
         states = load_query_states(collection)
         table = rank_policies(build_reward_set(reward_cfg), states, POLICIES, args.heading_noise_rad, args.noise_seed)
+        preference = short_stop_table(reward_cfg, states, args)
     print(f"{states.size} query states; reward set from {args.config.name}; mean reward per rollout\n")
     print(format_table(table))
     print("\nThe evaluator's metrics of the same windows (verl_omni.sim.eval_metrics; the window ends at E):\n")
     print(format_metrics_table(table))
+    print(
+        "\nnav_1 (the layer crediting the first chunk's motion): share of states where the noisy imitator STOPping at"
+    )
+    print(
+        f"step s scores above the same imitator driving on (states whose expert drives >= 12 steps; "
+        f"n = {preference['n']})\n"
+    )
+    print("| charge_stop_chunk | " + " | ".join(f"STOP at {s}" for s in preference["steps"]) + " |")
+    print("| --- |" + " --- |" * len(preference["steps"]))
+    for charge in (False, True):
+        cells = [f"{f:.0%} (gap {g:+.2f})" for f, g in preference[charge]]
+        print(f"| {str(charge).lower()} | " + " | ".join(cells) + " |")
     totals = [table[p]["total"] for p in POLICIES]
     ordered = all(a > b for a, b in zip(totals, totals[1:]))
     print(f"\nsummed reward orders {' > '.join(POLICIES)}: {'yes' if ordered else 'NO'}")

@@ -19,6 +19,11 @@ Policies (``POLICIES``), each ``[32, 4]`` actions ``(dx, dy, dyaw, stop)`` from 
 Beside the reward, :func:`window_metrics` reads each scored 32-step window as a short episode and gives the
 evaluator's own metrics of it (``verl_omni.sim.eval_metrics``: SR, OSR, SPL, premature STOP, collision, path
 length), so that a table shows what each behaviour would be credited with by the judge the reward anticipates.
+
+:func:`short_stop_preference` asks the per-layer question the layer-conditioned advantages ask: on the layer that
+credits a chunk's motion (``nav_1``), does a rollout that STOPs early in the chunk score above its sibling that
+drives on? (It should not merely for having been scored on fewer steps; see the navigation option
+``charge_stop_chunk``.)
 """
 
 from __future__ import annotations
@@ -214,3 +219,39 @@ def format_metrics_table(table: Mapping[str, Mapping[str, float]]) -> str:
     for name, row in table.items():
         lines.append(f"| {name} | {row['total']:+.3f} | " + " | ".join(f"{row[c]:.3f}" for c in WINDOW_METRICS) + " |")
     return "\n".join(lines)
+
+
+def short_stop_preference(
+    reward_set: RewardSet,
+    states: QueryStates,
+    stop_step: int,
+    heading_noise_rad: float = 0.25,
+    seed: int = 0,
+    drive_steps: int = 12,
+) -> dict[str, float]:
+    """How often ``nav_1`` prefers the noisy imitator STOPping at ``stop_step`` to the same imitator driving on.
+
+    The STOP-er is the imitator's actions with the motion zeroed and the stop flag set from ``stop_step`` on (what
+    the SFT data pads a plan with after its STOP). Only states whose expert drives on for at least
+    ``drive_steps`` steps count, so that every such STOP is premature.
+
+    Returns:
+        ``{"states": n, "fraction": share of them where the STOP-er's nav_1 is higher, "mean_gap": mean
+        nav_1(STOP-er) - nav_1(driver)}``.
+    """
+    if not 0 < stop_step < ACTION_LAYOUT.steps_per_chunk:
+        raise ValueError(
+            f"stop_step must be inside the first chunk (1..{ACTION_LAYOUT.steps_per_chunk - 1}), got {stop_step}"
+        )
+    keep = states.reference_stop[:, :drive_steps].sum(axis=1) == 0
+    drive = policy_actions(states, "noisy_imitator", heading_noise_rad, seed)
+    short = drive.copy()
+    short[:, stop_step:, :3] = 0.0
+    short[:, stop_step:, 3] = 1.0
+    gap = (score_policy(reward_set, states, short)["nav_1"] - score_policy(reward_set, states, drive)["nav_1"])[keep]
+    n = int(keep.sum())
+    return {
+        "states": float(n),
+        "fraction": float(np.mean(gap > 1e-9)) if n else float("nan"),
+        "mean_gap": float(np.mean(gap)) if n else float("nan"),
+    }

@@ -1,0 +1,136 @@
+#!/usr/bin/env python
+"""Where a DiT forward spends its GPU time: our WNMTransformer vs diffusers' WanTransformer3DModel, kernel by kernel.
+
+Runs ``torch.profiler`` (CUDA activity) over a few eager forwards of each model at the same dims (the models and
+inputs of ``scripts/bench_stage3_gpu.py``) and prints, per model, the GPU time grouped by kind of kernel (GEMM,
+attention, normalisation, elementwise/copies, other) and the top kernels, so that the gap between the two is
+attributed to kernels rather than guessed. Optionally the same for ``compile_blocks()`` /
+``compile_repeated_blocks(fullgraph=True)``. Timing claims come from ``bench_stage3_gpu.py``; this only explains them.
+
+    python scripts/profile_dit.py --size wan2.1-1.3b --batch 4 [--compile] [--top 25]
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_common import wan_anchor  # noqa: E402
+from bench_stage3_gpu import build_ours, random_context  # noqa: E402
+
+# Kernel-name patterns of each kind (first match wins); names are the CUDA kernels the profiler records.
+KINDS: tuple[tuple[str, str], ...] = (
+    ("attention", r"flash|fmha|attention|sdpa|cudnn_.*(mha|attn)"),
+    ("gemm", r"gemm|cutlass|sm90_xmma|nvjet|cublas|matmul|wgmma"),
+    ("norm", r"norm|rms"),
+    ("copy/cast", r"copy|cast|convert|cat|transpose|contiguous|memcpy|index|gather|scatter"),
+    ("elementwise", r"elementwise|vectorized|unrolled|triton|mul|add|silu|gelu|tanh|exp|sin|cos"),
+)
+
+
+def kind_of(name: str) -> str:
+    low = name.lower()
+    for kind, pattern in KINDS:
+        if re.search(pattern, low):
+            return kind
+    return "other"
+
+
+def profile(fn, iters: int, warmup: int = 3) -> list[tuple[str, float, int]]:
+    """``[(kernel name, total ms per forward, calls per forward)]`` of ``fn`` over ``iters`` profiled calls."""
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    with torch_profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(iters):
+            fn()
+        torch.cuda.synchronize()
+    rows = []
+    for ev in prof.key_averages():
+        total_us = getattr(ev, "device_time_total", None)
+        if total_us is None:
+            total_us = ev.cuda_time_total
+        if total_us <= 0 or ev.key.startswith("ProfilerStep"):
+            continue
+        rows.append((ev.key, total_us / 1e3 / iters, ev.count // iters))
+    return sorted(rows, key=lambda r: -r[1])
+
+
+def report(name: str, rows: list[tuple[str, float, int]], top: int) -> str:
+    total = sum(r[1] for r in rows)
+    by_kind: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])
+    for key, ms, calls in rows:
+        k = by_kind[kind_of(key)]
+        k[0] += ms
+        k[1] += calls
+    lines = [f"== {name}: {total:.1f} ms of kernels per forward", f"{'kind':<14}{'ms':>9}{'share':>8}{'kernels':>9}"]
+    for kind, (ms, calls) in sorted(by_kind.items(), key=lambda kv: -kv[1][0]):
+        lines.append(f"{kind:<14}{ms:9.2f}{ms / total:8.1%}{calls:9d}")
+    lines.append(f"top {top} kernels:")
+    for key, ms, calls in rows[:top]:
+        lines.append(f"  {ms:8.2f} ms {calls:5d}x  [{kind_of(key)}] {key[:110]}")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--size", default="wan2.1-1.3b")
+    p.add_argument("--batch", type=int, default=4)
+    p.add_argument("--text-tokens", type=int, default=512, help="the anchor's text tokens (default 512)")
+    p.add_argument("--iters", type=int, default=3)
+    p.add_argument("--top", type=int, default=25)
+    p.add_argument("--compile", action="store_true", help="also profile the compiled blocks of both")
+    args = p.parse_args(argv)
+    if not torch.cuda.is_available():
+        raise SystemExit("profile_dit.py needs a CUDA device (it profiles GPU kernels)")
+    from verl_omni.models.wnm import WNMConfig
+
+    device, dtype = torch.device("cuda"), torch.bfloat16
+    cfg = WNMConfig.from_size(args.size)
+    b = args.batch
+    ours = build_ours(cfg, device, dtype)
+    anchor = wan_anchor(cfg, device, dtype, text_dim=cfg.text_dim)
+    c, th, h, w = cfg.history_latent_shape
+    video = torch.randn(b, c, th + cfg.target_latent_shape[1], h, w, device=device, dtype=dtype)
+    text = torch.randn(b, args.text_tokens, cfg.text_dim, device=device, dtype=dtype)
+    t = torch.rand(b, device=device) * 1000
+    ctx = random_context(cfg, b, device, dtype)
+    x = torch.randn(b, *cfg.target_latent_shape, device=device, dtype=dtype)
+    a = torch.randn(b, cfg.action_steps, cfg.action_channels, device=device, dtype=dtype)
+    s = torch.rand(b, device=device)
+
+    @torch.no_grad()
+    def run_ours():
+        ours(x, a, s, ctx)
+
+    @torch.no_grad()
+    def run_anchor():
+        anchor(video, t, text, return_dict=False)
+
+    print(f"size {cfg.size}, batch {b}, bf16, torch {torch.__version__}, {torch.cuda.get_device_name(device)}")
+    print(
+        f"ours: {cfg.history_tokens}+{cfg.target_tokens}+{cfg.action_steps} tokens, context {cfg.context_tokens}; "
+        f"anchor: {cfg.history_tokens + cfg.target_tokens} tokens, text {args.text_tokens}",
+        flush=True,
+    )
+    print(report("diffusers eager", profile(run_anchor, args.iters), args.top), flush=True)
+    print(report("ours eager", profile(run_ours, args.iters), args.top), flush=True)
+    if args.compile:
+        anchor.compile_repeated_blocks(fullgraph=True)
+        ours.compile_blocks()
+        print(report("diffusers compiled", profile(run_anchor, args.iters), args.top), flush=True)
+        print(report("ours compiled", profile(run_ours, args.iters), args.top), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
