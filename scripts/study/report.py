@@ -25,6 +25,8 @@ LAYERS = ("visual", "nav_1", "nav_2", "nav_3", "nav_4", "stop_1", "stop_2", "sto
 EVENTS = ("all", "collision_precursor", "premature_stop_risk", "required_stop", "near_goal_continuation")
 # The evaluator's labels, so the study's tables name a metric as closed_loop_eval.py prints it.
 METRIC_LABELS = {m: EVAL_METRIC_LABELS[m] for m in stats.CLOSED_LOOP_METRICS}
+# A premature STOP at most this far (geodesic metres) from the goal counts as "just short" in the validation table.
+NEAR_GOAL_STOP_M = 1.0
 STAGE2 = "stage2"
 
 
@@ -246,8 +248,13 @@ def validation_table(data: StudyData) -> list[list[str]]:
 
 def closed_loop_validation_table(data: StudyData) -> list[list[str]]:
     """Closed-loop validation during training: per run and saved checkpoint, SR (Wilson 95%) and the signs of
-    reward gaming beside it (premature STOP, progress, path length) and collisions."""
-    rows = [["run", "step", "episodes", "SR [95% CI]", "premature STOP", "progress (m)", "path (m)", "collisions/ep"]]
+    reward gaming beside it (premature STOP, progress, path length) and collisions.
+
+    ``premature STOP <= 1 m`` is the share of episodes that STOPped outside the success radius but within
+    :data:`NEAR_GOAL_STOP_M` of the goal (geodesic): it separates a policy that stops just short of its goal (a
+    STOP-placement or STOP-gate error) from one that gives up far away."""
+    rows = [["run", "step", "episodes", "SR [95% CI]", "premature STOP", f"premature STOP <= {NEAR_GOAL_STOP_M:g} m",
+             "progress (m)", "path (m)", "collisions/ep"]]  # fmt: skip
     # The start first (step 0 of every run), when it was validated on the same episodes.
     start = [(STAGE2 + " (start)", 0, data.stage2_validation)] if data.stage2_validation else []
     for name, step, eps in [*start, *((r.name, s, r.validation[s]) for r in data.runs for s in sorted(r.validation))]:
@@ -258,8 +265,10 @@ def closed_loop_validation_table(data: StudyData) -> list[list[str]]:
             vals = [float(e[key]) for e in eps if key in e]
             return f"{np.mean(vals):.2f}" if vals else "n/a"
 
+        near = [bool(e["premature_stop"]) and float(e["ne"]) <= NEAR_GOAL_STOP_M for e in eps if "premature_stop" in e]
         rows.append([name, str(step), str(n), f"{k / n:.3f} [{lo:.3f}, {hi:.3f}]", mean("premature_stop"),
-                     mean("progress"), mean("path_length"), mean("collisions")])  # fmt: skip
+                     f"{np.mean(near):.2f}" if near else "n/a", mean("progress"), mean("path_length"),
+                     mean("collisions")])  # fmt: skip
     return rows
 
 

@@ -336,6 +336,22 @@ def test_eval_settings_argv_synthesized_or_carried_scenes():
     assert flags["--workers"] == "16"
 
 
+def test_closed_loop_validation_table_separates_stops_just_short_of_the_goal():
+    # Start: 4 episodes, 1 success, 2 premature STOPs at 0.8 m and 3.0 m, 1 timeout -> premature 0.50, within 1 m
+    # 0.25. Run at step 40: premature STOPs at 0.6 and 0.9 m, 2 successes -> premature 0.50, within 1 m 0.50.
+    def ep(success, premature, ne):
+        return {"success": success, "premature_stop": premature, "ne": ne, "progress": 1.0, "path_length": 2.0,
+                "collisions": 0}  # fmt: skip
+
+    start = [ep(True, False, 0.2), ep(False, True, 0.8), ep(False, True, 3.0), ep(False, False, 2.0)]
+    run = report.RunData("main_s1", "main", 1, [], None, {})
+    run.validation[40] = [ep(True, False, 0.1), ep(True, False, 0.4), ep(False, True, 0.6), ep(False, True, 0.9)]
+    rows = report.closed_loop_validation_table(report.StudyData([run], None, {}, start))
+    assert rows[0][4:6] == ["premature STOP", "premature STOP <= 1 m"]
+    assert rows[1][0] == "stage2 (start)" and rows[1][4:6] == ["0.50", "0.25"]
+    assert rows[2][:2] == ["main_s1", "40"] and rows[2][3].startswith("0.500") and rows[2][4:6] == ["0.50", "0.50"]
+
+
 def test_best_validated_step_by_hand_and_report_success_rate(tmp_path):
     from study.runner import StudyRunner, best_validated_step, validation_success_rate
 

@@ -215,6 +215,54 @@ def test_episode_result_round_trip_through_json():
     assert back.blocked.dtype == bool and back.poses.shape == (9, 3)
 
 
+class Annotating(Scripted):
+    """Walks straight at the goal and says something about every second call of each episode."""
+
+    def call_notes(self):
+        return [{"saw": q.call_index} if q.call_index % 2 == 0 else None for q in self.calls[-1][1]]
+
+
+def test_policy_notes_are_kept_with_call_and_step_and_survive_json():
+    # 2 m at 0.25 m a step, 3 steps a call: calls at steps 0, 3 and 6, the last one driving 2 steps and then STOPping
+    # inside its 3 (3 calls); notes on calls 0 and 2 (steps 0 and 6). A policy without call_notes leaves the field
+    # empty and out of the report.
+    (r,) = run(Annotating("straight"), [spec(1.025, 3.025)], execute_steps=3)
+    assert r.policy_calls == 3 and r.steps == 8
+    assert r.policy_notes == [{"call": 0, "step": 0, "saw": 0}, {"call": 2, "step": 6, "saw": 2}]
+    back = EpisodeResult.from_dict(json.loads(json.dumps(r.to_dict())))
+    assert back.policy_notes == r.policy_notes
+    (plain,) = run(Scripted("straight"), [spec(1.025, 3.025)], execute_steps=3)
+    assert plain.policy_notes == [] and "policy_notes" not in plain.to_dict()
+
+
+def test_stop_gate_summary_by_hand():
+    from verl_omni.sim.eval_metrics import stop_gate_summary
+
+    # Radius 0.5. Episode a: asked at step 1 (true 2.0 m, let through, gate said 1.0 m) and step 4 (true 0.4 m,
+    # refused, gate said 0.9). Episode b: asked at step 0 (true 0.3 m, let through, gate said 0.2); one note that is
+    # not a STOP request is ignored. Gate - true: (1.0 - 2.0 + 0.9 - 0.4 + 0.2 - 0.3) / 3 = -0.2.
+    note = lambda step, allowed, gate: {"call": 0, "step": step, "stop_asked": True, "stop_allowed": allowed,  # noqa: E731
+                                        "gate_visible_logit": 1.0, "gate_distance_m": gate}  # fmt: skip
+    a = {"geodesic": [2.5, 2.0, 1.5, 1.0, 0.4], "policy_notes": [note(1, True, 1.0), note(4, False, 0.9)]}
+    b = {"geodesic": [0.3], "policy_notes": [note(0, True, 0.2), {"call": 1, "step": 0, "saw": 1}]}
+    got = stop_gate_summary([a, b, {"geodesic": [1.0]}], success_radius=0.5)
+    assert got == {
+        "stop_asked": 3,
+        "allowed": 2,
+        "allowed_outside_radius": 1,
+        "blocked": 1,
+        "blocked_inside_radius": 1,
+        "allowed_true_m_median": pytest.approx(1.15),
+        "allowed_gate_m_median": pytest.approx(0.6),
+        "gate_minus_true_m_mean": pytest.approx(-0.2),
+    }
+    assert stop_gate_summary([{"geodesic": [1.0]}], 0.5) is None
+    # With 3 steps executed a call, a STOP asked for at the chunk's step 5 would not have happened: left out.
+    late = {"geodesic": [0.2], "policy_notes": [{**note(0, True, 0.1), "stop_step": 5}]}
+    assert stop_gate_summary([a, b, late], 0.5, execute_steps=3)["stop_asked"] == 3
+    assert stop_gate_summary([a, b, late], 0.5)["stop_asked"] == 4
+
+
 # --------------------------------------------------------------------------------------------- held-out episodes
 def test_heldout_scenes_and_episodes_are_deterministic_and_valid(tmp_path):
     from verl_omni.sim.collector import CollectorConfig
@@ -383,3 +431,18 @@ def test_wnm_policy_stop_gate_vetoes_or_passes_stop():
     assert not (vetoed[..., 3] > 0.5).any()
     calm = ~(plain[..., 3] > 0.5).any(-1)
     np.testing.assert_array_equal(vetoed[calm], plain[calm])
+    # The policy's notes name each query whose chunk asked for a STOP in the gate's window (8 steps) and what the
+    # gate saw there: the head's constant answer (logit, distance 0 m) and its verdict.
+    asked = (plain[:, :8, 3] > 0.5).any(-1)
+    for logit in (10.0, -10.0):
+        policy = WNMPolicy(model, sampler, backend, stop_votes=3, stop_gate=gate(logit))
+        policy.act(np.repeat(history, 6, 0), queries)
+        notes = policy.call_notes()
+        assert [n is not None for n in notes] == asked.tolist()
+        for row, n in enumerate(notes):
+            if n is None:
+                continue
+            assert n.pop("stop_step") == int((plain[row, :8, 3] > 0.5).argmax())
+            assert n == {"stop_asked": True, "stop_allowed": logit > 0, "gate_visible_logit": pytest.approx(logit),
+                         "gate_distance_m": pytest.approx(0.0)}  # fmt: skip
+    assert WNMPolicy(model, sampler, backend, stop_votes=3).call_notes() is None

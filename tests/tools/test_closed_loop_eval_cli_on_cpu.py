@@ -138,3 +138,39 @@ def test_policy_and_level_errors(tool, tmp_path, capsys):
     assert run_cli(tool.main, ["--policy", "stop", "--level", "castle", *base]) == 2
     assert "one_room" in capsys.readouterr().err
     assert not (tmp_path / "o").exists()
+
+
+def test_stop_gate_decisions_are_reported(tool, tiny_checkpoint, tmp_path, capsys):
+    # The tiny checkpoint with a gate whose head answers "object in view at 0 m" for every input (last layer's
+    # weights 0, bias (10, 1, 0, 0)): every STOP the chunks ask for is let through, and the report says how many,
+    # at which true distances, for every call that asked (each call note names its motion step).
+    import torch
+
+    from verl_omni.models.wnm.checkpoint import load_wnm_checkpoint, save_wnm_checkpoint
+    from verl_omni.models.wnm.goal_probe import ObjectViewProbe
+    from verl_omni.models.wnm.stop_gate import StopGate
+
+    model = load_wnm_checkpoint(tiny_checkpoint)
+    head = ObjectViewProbe(model.config.dim)
+    with torch.no_grad():
+        head.net[-1].weight.zero_()
+        head.net[-1].bias.copy_(torch.tensor([10.0, 1.0, 0.0, 0.0]))
+    gated = save_wnm_checkpoint(model, tmp_path / "gated", {"test": "gate"}, stop_gate=StopGate(head, 0.5))
+    out = tmp_path / "eval"
+    fast = ["--episodes", "4", "--max-steps", "24", "--num-steps", "2", "--seed", "4", "--no-progress"]
+    args = ["--checkpoint", str(gated), "--synthesize", "1", "--stop-gate", "--execute-steps", "3", *fast]
+    assert tool.main([*args, "--output-dir", str(out)]) == 0
+    run = json.loads((out / "report.json").read_text())["runs"]["checkpoint"]
+    notes = [(ep, n) for ep in run["episodes"] for n in ep.get("policy_notes", [])]
+    notes = [(ep, n) for ep, n in notes if n["stop_step"] < 3]  # STOPs this call would execute (3 steps a call)
+    assert notes, "the untrained tiny model asks for no STOP in these episodes: nothing to report"
+    gate = run["stop_gate"]
+    assert gate["stop_asked"] == len(notes) and gate["allowed"] == len(notes) and gate["blocked"] == 0
+    for ep, n in notes:
+        assert n["stop_allowed"] and n["gate_distance_m"] == pytest.approx(0.0)
+        assert 0 <= n["step"] <= ep["steps"] and 0 <= n["call"] < ep["policy_calls"]
+    # Every let-through STOP ends its episode at that call, so the allowed ones are the episodes ended by STOP.
+    assert gate["allowed"] == sum(ep["end_reason"] == "stop" for ep in run["episodes"])
+    outside = sum(ep["geodesic"][n["step"]] > 0.5 for ep, n in notes)
+    assert gate["allowed_outside_radius"] == outside
+    assert "STOP gate:" in capsys.readouterr().out

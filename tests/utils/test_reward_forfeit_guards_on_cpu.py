@@ -136,8 +136,9 @@ def test_charge_stop_chunk_scores_the_rest_of_a_short_stops_chunk_as_standing_st
     # 0.1 m cell): its chunk-1 relative progress is -2 x 0.1 = -0.2. "Short" drives 0.1 m for 3 steps like the
     # expert and STOPs at step 3 (2.9 m from the goal, premature). Without the option its nav_1 is 3 x (0.1 - 0.1)
     # = 0: the STOP-er's motion beats the slow one's (-0.2) only because it was scored on 3 steps instead of 8.
-    # With it, steps 3..7 are charged as standing still: 5 x 0.1 = 0.5 m missed, nav_1 = -0.5 < -0.2. The STOP's own layer is the same in both (forfeit of the
-    # reference's gain from pose 3 to 32, 3.2 - 0.3 - 0.2 = 2.7 m, and min(0.5 x 2.9, 2) = 1.45): -4.15.
+    # With it, steps 3..7 are charged as standing still: 5 x 0.1 = 0.5 m missed, nav_1 = -0.5 < -0.2. The STOP's
+    # own layer is the same in both (forfeit of the reference's gain from pose 3 to 32, 3.2 - 0.3 - 0.2 = 2.7 m,
+    # and min(0.5 x 2.9, 2) = 1.45): -4.15.
     occ = walled_room(11, 60)
     x0, y0 = centre(5, 10)
     ref = np.zeros((33, 3))

@@ -365,7 +365,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from verl_omni.models.wnm import check_contract_compatibility
     from verl_omni.sim.collector import SceneError
-    from verl_omni.sim.eval_metrics import aggregate, paired_differences
+    from verl_omni.sim.eval_metrics import aggregate, paired_differences, stop_gate_summary
     from verl_omni.sim.heldout import sample_episode_specs
 
     plans, sources, fresh = _load_scenes(args, floorplan_cfg, task_cfg)
@@ -388,13 +388,18 @@ def main(argv: list[str] | None = None) -> int:
         per_episode = [r.metrics() for r in results]
         agg = aggregate(per_episode)
         runs.append((label, results, agg))
+        episodes = [r.to_dict() for r in results]
         report_runs[key] = {
             "label": label,
             "checkpoint": _checkpoint_info(ckpt),
             "seconds": round(seconds, 3),
             "aggregate": agg,
-            "episodes": [r.to_dict() for r in results],
+            "episodes": episodes,
         }
+        gate = stop_gate_summary(episodes, task_cfg.success_radius, loop_cfg.execute_steps)
+        if gate is not None:
+            # Where the gate let STOPs through, on the evaluator's own distances (see stop_gate_summary).
+            report_runs[key]["stop_gate"] = gate
     for name in args.policy:
         results, seconds = _evaluate_scripted(name, args, plans, specs, loop_cfg)
         agg = aggregate([r.metrics() for r in results])
@@ -459,6 +464,15 @@ def main(argv: list[str] | None = None) -> int:
         ends = {r: sum(x.end_reason == r for x in results) for r in ("stop", "max_steps", "collision")}
         calls = sum(x.policy_calls for x in results)
         print(f"{label}: {len(results)} episodes, {calls} policy calls, ends {ends}")
+    for run in report_runs.values():
+        if "stop_gate" in run:
+            g = run["stop_gate"]
+            print(
+                f"{run['label']}: STOP gate: {g['stop_asked']} calls asked for STOP, {g['allowed']} let through "
+                f"({g['allowed_outside_radius']} outside the success radius, true median "
+                f"{g['allowed_true_m_median']:.2f} m, gate's {g['allowed_gate_m_median']:.2f} m), {g['blocked']} "
+                f"refused ({g['blocked_inside_radius']} inside it); gate - true {g['gate_minus_true_m_mean']:+.2f} m"
+            )
     print(f"wrote {out / REPORT_NAME}")
     print(f"wrote {out / PLOT_NAME}")
     if args.synthesize:

@@ -166,6 +166,9 @@ class PolicyQuery:
 class Policy(Protocol):
     """A navigation policy evaluated in closed loop.
 
+    A policy may also define ``call_notes() -> list[dict | None]``: one JSON-ready note (or None) per query of its
+    last ``act`` call, kept in :attr:`EpisodeResult.policy_notes` (the loop adds the call index and motion step).
+
     Attributes:
         image_size: ``(H, W)`` of the frames it expects.
         history_frames: Frames of history per call (33 for WNM).
@@ -296,6 +299,10 @@ class EpisodeResult:
         actions: ``[steps, 4]`` executed motion steps.
         blocked: ``bool [steps]`` steps whose translation was refused.
         geodesic: ``[steps + 1]`` geodesic distance to the goal at each pose.
+        policy_notes: What the policy said about its own calls, for the calls it said something about
+            (``Policy.call_notes``; e.g. the STOP gate's view where a STOP was asked for). Each note is a JSON-ready
+            dict with the ``call`` index and the motion ``step`` it was made at (an index into ``poses`` and
+            ``geodesic``).
     """
 
     episode_id: str
@@ -314,6 +321,7 @@ class EpisodeResult:
     actions: np.ndarray = field(repr=False)
     blocked: np.ndarray = field(repr=False)
     geodesic: np.ndarray = field(repr=False)
+    policy_notes: list[dict] = field(default_factory=list, repr=False)
 
     def metrics(self) -> dict:
         """Scalar fields (JSON-ready)."""
@@ -344,6 +352,7 @@ class EpisodeResult:
             "actions": self.actions.tolist(),
             "blocked": self.blocked.astype(int).tolist(),
             "geodesic": self.geodesic.tolist(),
+            **({"policy_notes": list(self.policy_notes)} if self.policy_notes else {}),
         }
 
     @classmethod
@@ -372,6 +381,7 @@ class EpisodeResult:
             actions=np.asarray(d["actions"], np.float64).reshape(-1, 4),
             blocked=np.asarray(d["blocked"], bool).reshape(-1),
             geodesic=np.asarray(d["geodesic"], np.float64).reshape(-1),
+            policy_notes=[dict(n) for n in d.get("policy_notes", [])],
         )
 
 
@@ -385,6 +395,7 @@ def episode_result(
     stopped: bool,
     end_reason: str,
     policy_calls: int,
+    policy_notes: list[dict] | None = None,
 ) -> EpisodeResult:
     """Scores a finished trajectory (pure given the occupancy map).
 
@@ -419,6 +430,7 @@ def episode_result(
         actions=np.asarray(actions, np.float64).reshape(-1, 4),
         blocked=blocked,
         geodesic=geo,
+        policy_notes=list(policy_notes or []),
     )
 
 
@@ -436,6 +448,7 @@ class _EpisodeState:
     calls: int = 0
     end_reason: str | None = None
     stopped: bool = False
+    notes: list[dict] = field(default_factory=list)
 
     @property
     def steps(self) -> int:
@@ -511,7 +524,13 @@ def run_closed_loop(
                 raise ValueError(
                     f"policy.act returned {actions.shape[1]} steps, fewer than execute_steps={cfg.execute_steps}"
                 )
-            for st, acts in zip(batch, actions, strict=True):
+            # Optional: a policy that explains its calls (e.g. the STOP gate's view) returns one note or None per query.
+            call_notes = policy.call_notes() if hasattr(policy, "call_notes") else None
+            if call_notes is not None and len(call_notes) != len(batch):
+                raise ValueError(f"policy.call_notes returned {len(call_notes)} notes for {len(batch)} queries")
+            for i, (st, acts) in enumerate(zip(batch, actions, strict=True)):
+                if call_notes is not None and call_notes[i] is not None:
+                    st.notes.append({"call": st.calls, "step": st.steps, **call_notes[i]})
                 st.calls += 1
                 budget = min(cfg.execute_steps, cfg.max_steps - st.steps)
                 out = execute_actions(
@@ -549,6 +568,7 @@ def run_closed_loop(
             st.stopped,
             st.end_reason,
             st.calls,
+            st.notes,
         )
         for st in states
     ]

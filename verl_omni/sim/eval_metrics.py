@@ -195,3 +195,50 @@ def report_runs(path) -> tuple[dict[str, list[dict]], list[dict] | None]:
     elif isinstance(data, dict) and isinstance(data.get("episodes"), list):
         return {str(data.get("label", path.stem)): data["episodes"]}, data.get("specs")
     raise ValueError(f"{path}: no per-episode records (expected a top-level 'episodes' list or 'runs' with 'episodes')")
+
+
+def stop_gate_summary(
+    episodes: Sequence[Mapping], success_radius: float, execute_steps: int | None = None
+) -> dict | None:
+    """How the STOP gate decided, from the episodes' ``policy_notes`` (``verl_omni.sim.wnm_policy.gate_notes``).
+
+    Every note is a call whose chunk asked for a STOP; its true distance is the geodesic distance to the goal at
+    the call's pose (``geodesic[step]``; the STOP itself comes ``stop_step`` motion steps later).
+
+    Args:
+        episodes: ``EpisodeResult.to_dict()`` records (a report's ``episodes``).
+        success_radius: Metres; a STOP farther than this is premature.
+        execute_steps: Steps a call executes; only STOPs asked for inside them count (the others were never
+            going to happen in that call). None counts every note.
+
+    Returns:
+        None when no episode carries a gate note; else ``{"stop_asked", "allowed", "allowed_outside_radius"
+        (premature STOPs the gate let through), "blocked", "blocked_inside_radius" (STOPs at the goal it refused),
+        "allowed_true_m_median", "allowed_gate_m_median" (true and predicted metres of the STOPs it let through),
+        "gate_minus_true_m_mean" (mean predicted object distance minus true goal distance over all asked calls)}``.
+    """
+    true_m, gate_m, allowed = [], [], []
+    for e in episodes:
+        geodesic = e.get("geodesic")
+        for note in e.get("policy_notes", []):
+            if not note.get("stop_asked") or geodesic is None:
+                continue
+            if execute_steps is not None and int(note.get("stop_step", 0)) >= execute_steps:
+                continue
+            true_m.append(float(geodesic[int(note["step"])]))
+            gate_m.append(float(note["gate_distance_m"]))
+            allowed.append(bool(note["stop_allowed"]))
+    if not true_m:
+        return None
+    true_m, gate_m, allowed = np.asarray(true_m), np.asarray(gate_m), np.asarray(allowed, bool)
+    outside = true_m > success_radius
+    return {
+        "stop_asked": int(len(true_m)),
+        "allowed": int(allowed.sum()),
+        "allowed_outside_radius": int((allowed & outside).sum()),
+        "blocked": int((~allowed).sum()),
+        "blocked_inside_radius": int((~allowed & ~outside).sum()),
+        "allowed_true_m_median": float(np.median(true_m[allowed])) if allowed.any() else float("nan"),
+        "allowed_gate_m_median": float(np.median(gate_m[allowed])) if allowed.any() else float("nan"),
+        "gate_minus_true_m_mean": float(np.mean(gate_m - true_m)),
+    }

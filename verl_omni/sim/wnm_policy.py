@@ -56,6 +56,7 @@ class WNMPolicy:
             raise ValueError(f"WNMPolicy.stop_votes: must be an int >= 1, got {stop_votes!r}")
         self.stop_votes = stop_votes
         self.stop_gate = stop_gate
+        self._notes: list[dict | None] | None = None
         if stop_gate is not None:
             stop_gate.head.to(model.device)
 
@@ -140,7 +141,46 @@ class WNMPolicy:
         seeds = [zlib.crc32(f"stop_gate:{q.episode_id}:{q.seed}:{q.call_index}".encode()) for q in queries]
         view = self.stop_gate.predict(self.model.transformer, contexts, seeds)
         allowed = stop_allowed(view, self.stop_gate.stop_distance_m).cpu().numpy()
+        self._notes = gate_notes(chosen, view, allowed, self.stop_gate.within_steps)
         return gate_stop(np.concatenate([chosen[None], actions[1:]]), allowed, self.stop_gate.within_steps)
+
+    def call_notes(self) -> list[dict | None] | None:
+        """Per query of the last call, where the chosen chunk asked for a STOP the gate decided on: what the gate saw
+        (:func:`gate_notes`); None without a gate."""
+        return self._notes
+
+
+def gate_notes(chosen: np.ndarray, view, allowed: np.ndarray, within_steps: int | None) -> list[dict | None]:
+    """What the STOP gate saw where the chosen chunk asked for a STOP in its first ``within_steps`` steps.
+
+    Args:
+        chosen: ``float [B, S, 4]`` the chunk each query would execute before the gate.
+        view: ``[B, 4]`` the gate head's prediction (visibility logit first, scaled distance last).
+        allowed: ``bool [B]``.
+        within_steps: The gate's STOP window (None: the whole chunk).
+
+    Returns:
+        Per query None (no STOP asked) or ``{"stop_asked": True, "stop_step" (first stopping step of the chunk),
+        "stop_allowed", "gate_visible_logit", "gate_distance_m"}``: the closed-loop report then shows at what true
+        distance the gate let STOPs through.
+    """
+    from verl_omni.models.wnm.goal_probe import DISTANCE_SCALE_M
+
+    view = view.detach().float().cpu().numpy()
+    stops = np.asarray(chosen)[:, :within_steps, 3] > 0.5
+    asked = stops.any(-1)
+    return [
+        {
+            "stop_asked": True,
+            "stop_step": int(stops[b].argmax()),
+            "stop_allowed": bool(allowed[b]),
+            "gate_visible_logit": float(view[b, 0]),
+            "gate_distance_m": float(view[b, 3] * DISTANCE_SCALE_M),
+        }
+        if asked[b]
+        else None
+        for b in range(len(asked))
+    ]
 
 
 def vote_stop(actions: np.ndarray, threshold: float = 0.5) -> np.ndarray:
