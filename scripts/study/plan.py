@@ -39,17 +39,17 @@ ARMS: tuple[Arm, ...] = (
     Arm("abl_b_prompt_baseline", "(b) prompt-mean baseline", {"algorithm.baseline": "prompt"}),
     Arm("abl_c_independent_noise", "(c) independent x_0 per rollout", {"rollout.shared_initial_noise": False}),
 )
-# Candidate recipe changes, not ablations: trained beside the recipe (with the ablation seeds) only when named in
-# --arms, before one may enter the recipe.
-CANDIDATE_ARMS: tuple[Arm, ...] = (
-    # verl_omni.utils.reward_score.navigation, option charge_stop_chunk.
+# Opt-in arms, not ablations of the issue: run only when named in --arms (with the ablation seeds). They keep a
+# recipe change measurable after it entered the recipe.
+EXTRA_ARMS: tuple[Arm, ...] = (
+    # The recipe before verl_omni.utils.reward_score.navigation's charge_stop_chunk (session 17 compared the two).
     Arm(
-        "cand_stop_chunk",
-        "candidate: a premature STOP's chunk charged on nav as standing still",
-        {"reward.reward_set.rewards.navigation.charge_stop_chunk": True},
+        "no_stop_chunk_charge",
+        "recipe without charge_stop_chunk (a short STOP's chunk scored on its driven steps only)",
+        {"reward.reward_set.rewards.navigation.charge_stop_chunk": False},
     ),
 )
-ARM_BY_NAME = {a.name: a for a in (*ARMS, *CANDIDATE_ARMS)}
+ARM_BY_NAME = {a.name: a for a in (*ARMS, *EXTRA_ARMS)}
 
 
 @dataclass(frozen=True)
@@ -124,7 +124,7 @@ class RunSpec:
 def plan_runs(settings: StudySettings, arms: tuple[str, ...] | None = None) -> list[RunSpec]:
     """The runs of the study, main seeds first (so that they start first when slots are scarce).
 
-    ``arms`` None means the recipe and its ablations (:data:`ARMS`); a candidate arm runs only when named.
+    ``arms`` None means the recipe and its ablations (:data:`ARMS`); an :data:`EXTRA_ARMS` arm runs only when named.
 
     Raises:
         ValueError: an unknown arm name (lists the known ones).

@@ -20,7 +20,8 @@ ARM_COLORS = {
     "abl_a_summed": "tab:orange",
     "abl_b_prompt_baseline": "tab:green",
     "abl_c_independent_noise": "tab:red",
-    "cand_stop_chunk": "tab:purple",
+    "no_stop_chunk_charge": "tab:gray",
+    "cand_stop_chunk": "tab:purple",  # session 17's name of the recipe's charge_stop_chunk, before it entered it
 }
 DPI = 80
 

@@ -181,13 +181,13 @@ def test_plan_runs_and_trainer_config_ablation_switches(tmp_path):
 
     for cfg in cfgs.values():
         trainer_config_from_dict(cfg)  # every generated config passes the trainer's own validation
-    # The candidate arm runs only when named, on the ablation seeds, and differs from main in its one reward option.
-    (cand,) = plan.plan_runs(settings, ("cand_stop_chunk",))
-    assert cand.name == "cand_stop_chunk_s1"
-    cand_cfg = plan.trainer_config(cand, settings, ws, tmp_path / cand.name, locked)
-    assert cand_cfg["reward"]["reward_set"]["rewards"]["navigation"]["charge_stop_chunk"] is True
-    assert "charge_stop_chunk" not in main["reward"]["reward_set"]["rewards"]["navigation"]
-    trainer_config_from_dict(cand_cfg)
+    # The extra arm runs only when named, on the ablation seeds, and differs from main in its one reward option.
+    (extra,) = plan.plan_runs(settings, ("no_stop_chunk_charge",))
+    assert extra.name == "no_stop_chunk_charge_s1"
+    extra_cfg = plan.trainer_config(extra, settings, ws, tmp_path / extra.name, locked)
+    assert extra_cfg["reward"]["reward_set"]["rewards"]["navigation"]["charge_stop_chunk"] is False
+    assert main["reward"]["reward_set"]["rewards"]["navigation"]["charge_stop_chunk"] is True  # the recipe's
+    trainer_config_from_dict(extra_cfg)
     with pytest.raises(ValueError, match="unknown arm"):
         plan.plan_runs(settings, ("nope",))
     with pytest.raises(ValueError, match="StudySettings.lr"):

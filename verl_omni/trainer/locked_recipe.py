@@ -25,7 +25,7 @@ LOCKED_FILE = "locked.yaml"
 LOCKED_PATH = Path(__file__).resolve().parents[2] / "recipes" / "wnm_3d" / "stage3" / "config" / LOCKED_FILE
 # recipe name -> fingerprint of its locked constants (sha256 of the flattened values, comments not included).
 PUBLISHED_FINGERPRINTS = {
-    "wnm-3d-stage3-navigation-grpo-r1": "c5553116981976b2e4d81d7267db1e3f6fd30e4ae82b85c5cfe99fded116622c",
+    "wnm-3d-stage3-navigation-grpo-r1": "9aded45f9139e283cce04240f1be40b62e929cafe108817af6c825f2e353f7b8",
 }
 
 
