@@ -1,0 +1,47 @@
+"""scripts/profile_dit.py: the kernel classification and the per-kind table (the profiling itself needs a GPU)."""
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def profile_dit():
+    sys.path.insert(0, str(REPO / "scripts"))
+    spec = importlib.util.spec_from_file_location("profile_dit", REPO / "scripts" / "profile_dit.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_kernel_names_from_an_h200_profile_are_classified(profile_dit):
+    # Names as torch.profiler recorded them on the H200 (docs/bench/h200_profile_dit_session17_b4.txt).
+    names = {
+        "nvjet_sm90_tst_192x192_64x4_2x1_v_bz_coopB_bias_TNN": "gemm",
+        "cudnn_generated_fort_native_sdpa_sm90_flash_fprop_wgmma_f16_knob_7_64x128x128_4x1x1_cga1x1x1": "attention",
+        "triton_red_fused__fused_rms_norm__scaled_dot_product_cudnn_attention_permute_view_3": "attention",
+        "void at::native::(anonymous namespace)::vectorized_layer_norm_kernel<float, float, false>(int, float": "norm",
+        "triton_red_fused__fused_rms_norm_add_copy_mul_slice_sub_unbind_view_1": "norm",
+        "void at::native::unrolled_elementwise_kernel<at::native::direct_copy_kernel_cuda(at::Tensor": "copy/cast",
+        "void at::native::vectorized_elementwise_kernel<8, at::native::GeluCUDAKernelImpl(at::Tensor": "elementwise",
+        "triton_poi_fused_gelu_view_6": "elementwise",
+        "Memset (Device)": "other",
+    }  # fmt: skip
+    for name, kind in names.items():
+        assert profile_dit.kind_of(name) == kind, name
+
+
+def test_report_sums_per_kind_by_hand(profile_dit):
+    rows = [("nvjet_gemm_a", 6.0, 10), ("flash_fprop", 3.0, 2), ("triton_poi_fused_gelu", 1.0, 1)]
+    text = profile_dit.report("toy", rows, top=2)
+    lines = text.splitlines()
+    assert lines[0] == "== toy: 10.0 ms of kernels per forward"
+    # gemm 6 of 10 ms (60%), attention 3 (30%), elementwise 1 (10%), largest first; then the top 2 kernels.
+    assert lines[2].split() == ["gemm", "6.00", "60.0%", "10"]
+    assert lines[3].split() == ["attention", "3.00", "30.0%", "2"]
+    assert lines[4].split() == ["elementwise", "1.00", "10.0%", "1"]
+    assert lines[5] == "top 2 kernels:" and len(lines) == 8 and "nvjet_gemm_a" in lines[6]
