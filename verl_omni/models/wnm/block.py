@@ -12,6 +12,11 @@ from diffusers.models.transformers.transformer_wan import WanTransformerBlock
 from .attention import _cross_attention, _self_attention
 
 
+# Eager inference with low-precision activations uses one addcmul per group in _modulate and _gate (see there);
+# False restores the mul-then-add form, so that a benchmark can time both in one process.
+LOW_PRECISION_ADDCMUL = True
+
+
 def _slow_path() -> bool:
     """True where the grouped elementwise ops must be out-of-place (autograd) or are fused anyway (inductor)."""
     return torch.is_grad_enabled() or torch.compiler.is_compiling()
@@ -43,6 +48,17 @@ def _modulate(
     # directly (computed in fp32, rounded once on store), so neither a concatenated fp32 copy nor a separate
     # cast pass exists. Same operations in the same order as above, hence the same bits.
     out = torch.empty(x.shape, dtype=dtype, device=x.device)
+    if dtype != torch.float32 and LOW_PRECISION_ADDCMUL:
+        # Low-precision activations: one addcmul per group (shift + x * (1 + scale), computed in fp32 and rounded
+        # once on store) instead of a mul into an fp32 temporary and an add that reads it back. The GPU may fuse
+        # the multiply-add (one rounding fewer in fp32), which the bf16 store rounds away; the fp32 path below
+        # keeps its exact operation order and bits.
+        start = 0
+        for g, n in enumerate(lengths):
+            torch.addcmul(shift[:, g : g + 1], x[:, start : start + n], 1 + scale[:, g : g + 1],
+                          out=out[:, start : start + n])  # fmt: skip
+            start += n
+        return out
     tmp = torch.empty_like(x[:, : max(lengths)])
     start = 0
     for g, n in enumerate(lengths):
@@ -73,6 +89,14 @@ def _gate(
     # Inference, eager: the residual is read in its own dtype and widened inside the add (no fp32 copy of x),
     # and the sum is stored in ``dtype`` directly. fp32 addition commutes, so the bits are those of the form above.
     out = torch.empty(x.shape, dtype=dtype, device=x.device)
+    if dtype != torch.float32 and LOW_PRECISION_ADDCMUL:
+        # As in _modulate: one addcmul per group (x + y * gate in fp32, rounded once on store to ``dtype``).
+        start = 0
+        for g, n in enumerate(lengths):
+            torch.addcmul(x[:, start : start + n], y[:, start : start + n], gate[:, g : g + 1],
+                          out=out[:, start : start + n])  # fmt: skip
+            start += n
+        return out
     tmp = torch.empty(y[:, : max(lengths)].shape, dtype=torch.promote_types(y.dtype, gate.dtype), device=y.device)
     start = 0
     for g, n in enumerate(lengths):

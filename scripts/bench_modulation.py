@@ -1,0 +1,86 @@
+#!/usr/bin/env python
+"""A/B of the eager block's grouped modulation: one addcmul per group vs mul into a temporary then add.
+
+Times, in one process and interleaved (A, B, anchor, A, B, anchor, ...) so that clock drift hits all alike, the
+eager bf16 DiT forward of our WNMTransformer with ``block.LOW_PRECISION_ADDCMUL`` on and off, and diffusers'
+``WanTransformer3DModel`` eager as the anchor, at the dims of ``scripts/bench_stage3_gpu.py``. Prints a table of
+medians with the ratio against the anchor.
+
+    python scripts/bench_modulation.py --size wan2.1-1.3b --batches 4,16 [--rounds 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_common import median_time, wan_anchor  # noqa: E402
+from bench_stage3_gpu import build_ours, random_context  # noqa: E402
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--size", default="wan2.1-1.3b")
+    p.add_argument("--batches", default="4,16")
+    p.add_argument("--text-tokens", type=int, default=512, help="the anchor's text tokens (default 512)")
+    p.add_argument("--rounds", type=int, default=5, help="interleaved rounds; each times every model 3 times")
+    args = p.parse_args(argv)
+    if not torch.cuda.is_available():
+        raise SystemExit("bench_modulation.py needs a CUDA device")
+    from verl_omni.models.wnm import WNMConfig
+    from verl_omni.models.wnm import block as wnm_block
+
+    device, dtype = torch.device("cuda"), torch.bfloat16
+    cfg = WNMConfig.from_size(args.size)
+    ours = build_ours(cfg, device, dtype)
+    anchor = wan_anchor(cfg, device, dtype, text_dim=cfg.text_dim)
+    print(f"size {cfg.size}, bf16, eager, torch {torch.__version__}, {torch.cuda.get_device_name(device)}")
+    print(f"{'batch':>5}  {'model':<34}{'ms':>9}{'x d.eager':>11}")
+    for b in (int(v) for v in args.batches.split(",")):
+        c, th, h, w = cfg.history_latent_shape
+        video = torch.randn(b, c, th + cfg.target_latent_shape[1], h, w, device=device, dtype=dtype)
+        text = torch.randn(b, args.text_tokens, cfg.text_dim, device=device, dtype=dtype)
+        t = torch.rand(b, device=device) * 1000
+        ctx = random_context(cfg, b, device, dtype)
+        x = torch.randn(b, *cfg.target_latent_shape, device=device, dtype=dtype)
+        a = torch.randn(b, cfg.action_steps, cfg.action_channels, device=device, dtype=dtype)
+        s = torch.rand(b, device=device)
+
+        @torch.no_grad()
+        def run_ours(fused: bool, x=x, a=a, s=s, ctx=ctx):
+            wnm_block.LOW_PRECISION_ADDCMUL = fused
+            try:
+                return ours(x, a, s, ctx)
+            finally:
+                wnm_block.LOW_PRECISION_ADDCMUL = True
+
+        @torch.no_grad()
+        def run_anchor(video=video, t=t, text=text):
+            return anchor(video, t, text, return_dict=False)
+
+        with torch.no_grad():  # the two forms agree to bf16 rounding (printed, not asserted)
+            v1, a1 = run_ours(True)
+            v0, a0 = run_ours(False)
+        diff = float((v1.float() - v0.float()).norm() / v0.float().norm())
+        entries = {
+            "WNM eager, addcmul": lambda f=run_ours: f(True),
+            "WNM eager, mul + add": lambda f=run_ours: f(False),
+            "diffusers eager": run_anchor,
+        }
+        times: dict[str, list[float]] = {k: [] for k in entries}
+        for _ in range(args.rounds):
+            for name, fn in entries.items():
+                times[name].append(median_time(fn, device, 1, 3))
+        med = {k: sorted(v)[len(v) // 2] for k, v in times.items()}
+        for name, sec in med.items():
+            print(f"{b:>5}  {name:<34}{sec * 1e3:9.1f}{med['diffusers eager'] / sec:10.3f}x", flush=True)
+        print(f"{b:>5}  (relative difference of the two forms' velocities: {diff:.2e})", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
