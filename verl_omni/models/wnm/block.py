@@ -11,7 +11,6 @@ from diffusers.models.transformers.transformer_wan import WanTransformerBlock
 
 from .attention import _cross_attention, _self_attention
 
-
 # Eager inference with low-precision activations uses one addcmul per group in _modulate and _gate (see there);
 # False restores the mul-then-add form, so that a benchmark can time both in one process.
 LOW_PRECISION_ADDCMUL = True
