@@ -19,7 +19,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_common import median_time, wan_anchor  # noqa: E402
-from bench_stage3_gpu import build_ours, random_context  # noqa: E402
+from bench_stage3_gpu import build_ours, forward_inputs  # noqa: E402
 
 
 def main(argv=None) -> int:
@@ -41,26 +41,19 @@ def main(argv=None) -> int:
     print(f"size {cfg.size}, bf16, eager, torch {torch.__version__}, {torch.cuda.get_device_name(device)}")
     print(f"{'batch':>5}  {'model':<34}{'ms':>9}{'x d.eager':>11}")
     for b in (int(v) for v in args.batches.split(",")):
-        c, th, h, w = cfg.history_latent_shape
-        video = torch.randn(b, c, th + cfg.target_latent_shape[1], h, w, device=device, dtype=dtype)
-        text = torch.randn(b, args.text_tokens, cfg.text_dim, device=device, dtype=dtype)
-        t = torch.rand(b, device=device) * 1000
-        ctx = random_context(cfg, b, device, dtype)
-        x = torch.randn(b, *cfg.target_latent_shape, device=device, dtype=dtype)
-        a = torch.randn(b, cfg.action_steps, cfg.action_channels, device=device, dtype=dtype)
-        s = torch.rand(b, device=device)
+        anchor_args, ours_args = forward_inputs(cfg, b, args.text_tokens, device, dtype)
 
         @torch.no_grad()
-        def run_ours(fused: bool, x=x, a=a, s=s, ctx=ctx):
+        def run_ours(fused: bool, ours_args=ours_args):
             wnm_block.LOW_PRECISION_ADDCMUL = fused
             try:
-                return ours(x, a, s, ctx)
+                return ours(*ours_args)
             finally:
                 wnm_block.LOW_PRECISION_ADDCMUL = True
 
         @torch.no_grad()
-        def run_anchor(video=video, t=t, text=text):
-            return anchor(video, t, text, return_dict=False)
+        def run_anchor(anchor_args=anchor_args):
+            return anchor(*anchor_args, return_dict=False)
 
         with torch.no_grad():  # the two forms agree to bf16 rounding (printed, not asserted)
             v1, a1 = run_ours(True)

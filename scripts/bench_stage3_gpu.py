@@ -167,6 +167,24 @@ def random_context(cfg, batch: int, device, dtype, seed: int = 1):
     )
 
 
+def forward_inputs(cfg, batch: int, text_tokens: int, device, dtype) -> tuple[tuple, tuple]:
+    """Random inputs of one forward of each model at ``cfg``'s dims.
+
+    Returns:
+        ``(anchor_args, ours_args)``: ``(video [B, C, T_h + T_t, h, w], timestep [B], text [B, text_tokens, D_text])``
+        for diffusers' ``WanTransformer3DModel`` and ``(x [B, *target], actions [B, 32, 4], sigma [B], context)``
+        for our ``WNMTransformer``.
+    """
+    c, th, h, w = cfg.history_latent_shape
+    video = torch.randn(batch, c, th + cfg.target_latent_shape[1], h, w, device=device, dtype=dtype)
+    text = torch.randn(batch, text_tokens, cfg.text_dim, device=device, dtype=dtype)
+    t = torch.rand(batch, device=device) * 1000
+    x = torch.randn(batch, *cfg.target_latent_shape, device=device, dtype=dtype)
+    a = torch.randn(batch, cfg.action_steps, cfg.action_channels, device=device, dtype=dtype)
+    s = torch.rand(batch, device=device)
+    return (video, t, text), (x, a, s, random_context(cfg, batch, device, dtype))
+
+
 # ----------------------------------------------------------------------------------------- (a) forward
 ANCHOR_EAGER, ANCHOR_COMPILED = "diffusers eager", "diffusers compiled"
 

@@ -22,7 +22,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_common import wan_anchor  # noqa: E402
-from bench_stage3_gpu import build_ours, random_context  # noqa: E402
+from bench_stage3_gpu import build_ours, forward_inputs  # noqa: E402
 
 # Kernel-name patterns of each kind (first match wins); names are the CUDA kernels the profiler records.
 KINDS: tuple[tuple[str, str], ...] = (
@@ -99,22 +99,15 @@ def main(argv=None) -> int:
     b = args.batch
     ours = build_ours(cfg, device, dtype)
     anchor = wan_anchor(cfg, device, dtype, text_dim=cfg.text_dim)
-    c, th, h, w = cfg.history_latent_shape
-    video = torch.randn(b, c, th + cfg.target_latent_shape[1], h, w, device=device, dtype=dtype)
-    text = torch.randn(b, args.text_tokens, cfg.text_dim, device=device, dtype=dtype)
-    t = torch.rand(b, device=device) * 1000
-    ctx = random_context(cfg, b, device, dtype)
-    x = torch.randn(b, *cfg.target_latent_shape, device=device, dtype=dtype)
-    a = torch.randn(b, cfg.action_steps, cfg.action_channels, device=device, dtype=dtype)
-    s = torch.rand(b, device=device)
+    anchor_args, ours_args = forward_inputs(cfg, b, args.text_tokens, device, dtype)
 
     @torch.no_grad()
     def run_ours():
-        ours(x, a, s, ctx)
+        ours(*ours_args)
 
     @torch.no_grad()
     def run_anchor():
-        anchor(video, t, text, return_dict=False)
+        anchor(*anchor_args, return_dict=False)
 
     print(f"size {cfg.size}, batch {b}, bf16, torch {torch.__version__}, {torch.cuda.get_device_name(device)}")
     print(

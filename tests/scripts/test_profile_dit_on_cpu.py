@@ -45,3 +45,22 @@ def test_report_sums_per_kind_by_hand(profile_dit):
     assert lines[3].split() == ["attention", "3.00", "30.0%", "2"]
     assert lines[4].split() == ["elementwise", "1.00", "10.0%", "1"]
     assert lines[5] == "top 2 kernels:" and len(lines) == 8 and "nvjet_gemm_a" in lines[6]
+
+
+def test_forward_inputs_drive_both_models_at_tiny_size(profile_dit):
+    # The shared inputs of the GPU profiling/benchmark scripts fit both models: one forward of each on CPU.
+    import torch
+    from bench_common import wan_anchor
+    from bench_stage3_gpu import build_ours, forward_inputs
+
+    from verl_omni.models.wnm import WNMConfig
+
+    cfg = WNMConfig.from_size("tiny")
+    anchor_args, ours_args = forward_inputs(cfg, 2, 8, torch.device("cpu"), torch.float32)
+    with torch.no_grad():
+        video_v, action_v = build_ours(cfg, torch.device("cpu"), torch.float32)(*ours_args)
+        (anchor_v,) = wan_anchor(cfg, torch.device("cpu"), torch.float32, text_dim=cfg.text_dim)(
+            *anchor_args, return_dict=False
+        )
+    assert video_v.shape == ours_args[0].shape and action_v.shape == ours_args[1].shape
+    assert anchor_v.shape == anchor_args[0].shape
