@@ -1,10 +1,15 @@
 #!/usr/bin/env python
-"""A/B of the eager block's grouped modulation: one addcmul per group vs mul into a temporary then add.
+"""A/B/C of the eager block's low-precision fast paths: bf16 LayerNorms, one addcmul per modulation group.
 
-Times, in one process and interleaved (A, B, anchor, A, B, anchor, ...) so that clock drift hits all alike, the
-eager bf16 DiT forward of our WNMTransformer with ``block.LOW_PRECISION_ADDCMUL`` on and off, and diffusers'
-``WanTransformer3DModel`` eager as the anchor, at the dims of ``scripts/bench_stage3_gpu.py``. Prints a table of
-medians with the ratio against the anchor.
+Times, in one process and interleaved (A, B, C, anchor, A, B, C, anchor, ...) so that clock drift hits all alike,
+the eager bf16 DiT forward of our WNMTransformer in three forms, and diffusers' ``WanTransformer3DModel`` eager as
+the anchor, at the dims of ``scripts/bench_stage3_gpu.py``:
+
+- now: ``block.LOW_PRECISION_NORM`` and ``block.LOW_PRECISION_ADDCMUL`` on (the default);
+- fp32 norms: the LayerNorms on an fp32 copy as diffusers' ``FP32LayerNorm`` does (session 17's block);
+- mul + add: that, and the modulation as a mul into an fp32 temporary then an add (the block before it).
+
+Prints a table of medians with the ratio against the anchor.
 
     python scripts/bench_modulation.py --size wan2.1-1.3b --batches 4,16 [--rounds 5]
 """
@@ -39,29 +44,34 @@ def main(argv=None) -> int:
     ours = build_ours(cfg, device, dtype)
     anchor = wan_anchor(cfg, device, dtype, text_dim=cfg.text_dim)
     print(f"size {cfg.size}, bf16, eager, torch {torch.__version__}, {torch.cuda.get_device_name(device)}")
-    print(f"{'batch':>5}  {'model':<34}{'ms':>9}{'x d.eager':>11}")
+    print(f"{'batch':>5}  {'model':<40}{'ms':>9}{'x d.eager':>11}")
     for b in (int(v) for v in args.batches.split(",")):
         anchor_args, ours_args = forward_inputs(cfg, b, args.text_tokens, device, dtype)
 
         @torch.no_grad()
-        def run_ours(fused: bool, ours_args=ours_args):
-            wnm_block.LOW_PRECISION_ADDCMUL = fused
+        def run_ours(norm: bool, fused: bool, ours_args=ours_args):
+            wnm_block.LOW_PRECISION_NORM, wnm_block.LOW_PRECISION_ADDCMUL = norm, fused
             try:
                 return ours(*ours_args)
             finally:
-                wnm_block.LOW_PRECISION_ADDCMUL = True
+                wnm_block.LOW_PRECISION_NORM, wnm_block.LOW_PRECISION_ADDCMUL = True, True
 
         @torch.no_grad()
         def run_anchor(anchor_args=anchor_args):
             return anchor(*anchor_args, return_dict=False)
 
-        with torch.no_grad():  # the two forms agree to bf16 rounding (printed, not asserted)
-            v1, a1 = run_ours(True)
-            v0, a0 = run_ours(False)
-        diff = float((v1.float() - v0.float()).norm() / v0.float().norm())
+        with torch.no_grad():  # the forms agree to bf16 rounding (printed, not asserted)
+            v_now = run_ours(True, True)[0].float()
+            v_norm = run_ours(False, True)[0].float()
+            v_old = run_ours(False, False)[0].float()
+        diffs = {
+            "now vs fp32 norms": float((v_now - v_norm).norm() / v_norm.norm()),
+            "fp32 norms vs mul + add": float((v_norm - v_old).norm() / v_old.norm()),
+        }
         entries = {
-            "WNM eager, addcmul": lambda f=run_ours: f(True),
-            "WNM eager, mul + add": lambda f=run_ours: f(False),
+            "WNM eager, bf16 norms + addcmul (now)": lambda f=run_ours: f(True, True),
+            "WNM eager, fp32 norms + addcmul": lambda f=run_ours: f(False, True),
+            "WNM eager, fp32 norms + mul + add": lambda f=run_ours: f(False, False),
             "diffusers eager": run_anchor,
         }
         times: dict[str, list[float]] = {k: [] for k in entries}
@@ -70,8 +80,9 @@ def main(argv=None) -> int:
                 times[name].append(median_time(fn, device, 1, 3))
         med = {k: sorted(v)[len(v) // 2] for k, v in times.items()}
         for name, sec in med.items():
-            print(f"{b:>5}  {name:<34}{sec * 1e3:9.1f}{med['diffusers eager'] / sec:10.3f}x", flush=True)
-        print(f"{b:>5}  (relative difference of the two forms' velocities: {diff:.2e})", flush=True)
+            print(f"{b:>5}  {name:<40}{sec * 1e3:9.1f}{med['diffusers eager'] / sec:10.3f}x", flush=True)
+        for what, d in diffs.items():
+            print(f"{b:>5}  (relative difference of the velocities, {what}: {d:.2e})", flush=True)
     return 0
 
 

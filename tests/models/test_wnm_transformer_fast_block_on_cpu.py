@@ -170,3 +170,30 @@ def test_attention_backend_is_validated_and_set_on_every_block(models):
             assert torch.equal(g, r)
     with pytest.raises(ValueError, match="attention_backend must be one of"):
         m.attention_backend = "flash3"
+
+
+@pytest.mark.parametrize("affine", [False, True])
+def test_bf16_eager_layer_norm_is_diffusers_fp32_layer_norm_rounded_once(affine):
+    """The eager bf16 fast path of the block's norms reads bf16 and stores bf16; the reference is diffusers'
+    ``FP32LayerNorm`` on the fp32 upcast, rounded to bf16 (what the block fed its modulation before, less that
+    one rounding). With grad enabled or fp32 activations the block keeps the fp32 form."""
+    from diffusers.models.normalization import FP32LayerNorm
+
+    from verl_omni.models.wnm import block
+
+    torch.manual_seed(3)
+    norm = FP32LayerNorm(48, 1e-6, elementwise_affine=affine)
+    if affine:
+        torch.nn.init.normal_(norm.weight)
+        torch.nn.init.normal_(norm.bias)
+    norm16 = copy.deepcopy(norm).to(torch.bfloat16)
+    x = (torch.randn(2, 9, 48) * 4 + 2).to(torch.bfloat16)
+    with torch.no_grad():
+        fast = block._layer_norm(norm16, x)
+        reference = norm16(x.float())
+    assert fast.dtype == torch.bfloat16 and reference.dtype == torch.float32
+    assert torch.equal(fast, reference.to(torch.bfloat16))
+    with torch.enable_grad():
+        assert block._layer_norm(norm16, x).dtype == torch.float32
+    with torch.no_grad():
+        assert torch.equal(block._layer_norm(norm, x.float()), norm(x.float()))

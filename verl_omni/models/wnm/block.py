@@ -7,6 +7,7 @@ The grouped modulation and gating helpers live here too, since only the block us
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from diffusers.models.transformers.transformer_wan import WanTransformerBlock
 
 from .attention import _cross_attention, _self_attention
@@ -14,11 +15,41 @@ from .attention import _cross_attention, _self_attention
 # Eager inference with low-precision activations uses one addcmul per group in _modulate and _gate (see there);
 # False restores the mul-then-add form, so that a benchmark can time both in one process.
 LOW_PRECISION_ADDCMUL = True
+# Eager inference with low-precision activations runs the block's LayerNorms on the activations in their own dtype
+# (see _layer_norm); False restores the fp32 copy that diffusers' FP32LayerNorm makes, for the same benchmark.
+LOW_PRECISION_NORM = True
 
 
 def _slow_path() -> bool:
     """True where the grouped elementwise ops must be out-of-place (autograd) or are fused anyway (inductor)."""
     return torch.is_grad_enabled() or torch.compiler.is_compiling()
+
+
+def _layer_norm(norm: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """``norm(x.float())``: diffusers' ``FP32LayerNorm`` of the residual stream ``x [B, S, D]``, or the same
+    normalisation stored in ``x``'s dtype in eager low-precision inference.
+
+    Why: ``FP32LayerNorm`` first writes an fp32 copy of ``x`` and then an fp32 result that the modulation reads
+    back, three full fp32 passes over ``[B, S, D]`` per norm that the eager bf16 forward spends on memory
+    traffic alone (measured in ``scripts/bench_modulation.py``). PyTorch's LayerNorm kernel already reads bf16,
+    accumulates mean and variance in fp32 and normalises in fp32, so the fast form is the same arithmetic with one
+    extra rounding of the normalised value to bf16 before the modulation, well inside bf16 tolerance. The fp32
+    path, autograd (training keeps diffusers' numerics) and inductor (which fuses the fp32 form anyway) are
+    untouched.
+
+    Returns:
+        ``[B, S, D]``: fp32, or ``x``'s dtype on the eager low-precision path.
+    """
+    fast = (
+        LOW_PRECISION_NORM
+        and x.dtype != torch.float32
+        and isinstance(norm, torch.nn.LayerNorm)
+        and (norm.weight is None or norm.weight.dtype == x.dtype)
+        and not _slow_path()
+    )
+    if fast:
+        return F.layer_norm(x, norm.normalized_shape, norm.weight, norm.bias, norm.eps)
+    return norm(x.float())
 
 
 def _modulate(
@@ -27,7 +58,7 @@ def _modulate(
     """``(x * (1 + scale) + shift).to(dtype)`` with one (scale, shift) per token group.
 
     Args:
-        x: ``[B, S, D]`` fp32 (the normed activations).
+        x: ``[B, S, D]`` normed activations: fp32, or the activation dtype from :func:`_layer_norm`'s fast path.
         scale: ``[B, G, D]`` fp32 (``G = 1`` without ``lengths``).
         shift: ``[B, G, D]`` fp32.
         lengths: The G consecutive group lengths along the sequence, or None for a single group.
@@ -58,7 +89,7 @@ def _modulate(
                           out=out[:, start : start + n])  # fmt: skip
             start += n
         return out
-    tmp = torch.empty_like(x[:, : max(lengths)])
+    tmp = torch.empty(x[:, : max(lengths)].shape, dtype=torch.promote_types(x.dtype, scale.dtype), device=x.device)
     start = 0
     for g, n in enumerate(lengths):
         t = tmp[:, :n]
@@ -172,17 +203,17 @@ class WNMTransformerBlock(WanTransformerBlock):
         dtype, backend = hidden_states.dtype, self.attention_backend
 
         # 1. Self-attention over the joint sequence.
-        normed = _modulate(self.norm1(hidden_states.float()), scale_msa, shift_msa, group_lengths, dtype)
+        normed = _modulate(_layer_norm(self.norm1, hidden_states), scale_msa, shift_msa, group_lengths, dtype)
         attn_output, kv = _self_attention(self.attn1, normed, rotary_emb, prefix_kv, backend)
         hidden_states = _gate(hidden_states, attn_output, gate_msa, group_lengths, dtype)
 
         # 2. Cross-attention to the context; the mask broadcasts over heads and queries.
         mask = None if encoder_attention_mask is None else encoder_attention_mask[:, None, None, :]
-        normed = self.norm2(hidden_states.float()).type_as(hidden_states)
+        normed = _layer_norm(self.norm2, hidden_states).type_as(hidden_states)
         hidden_states = hidden_states + _cross_attention(self.attn2, normed, encoder_hidden_states, mask, backend)
 
         # 3. Feed-forward.
-        normed = _modulate(self.norm3(hidden_states.float()), c_scale_msa, c_shift_msa, group_lengths, dtype)
+        normed = _modulate(_layer_norm(self.norm3, hidden_states), c_scale_msa, c_shift_msa, group_lengths, dtype)
         ff_output = self.ffn(normed)
         hidden_states = _gate(hidden_states, ff_output, c_gate_msa, group_lengths, encoder_hidden_states.dtype)
         return (hidden_states, kv) if return_kv else hidden_states
