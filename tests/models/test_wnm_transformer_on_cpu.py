@@ -248,6 +248,58 @@ def test_activation_checkpointing_keeps_gradients():
     assert torch.equal(grads[0], grads[1])
 
 
+def test_partial_activation_checkpointing_runs_the_first_blocks_twice_with_the_same_gradients():
+    """``set_activation_checkpointing(n)`` checkpoints exactly the first n blocks: their forward runs again in the
+    backward (non-reentrant checkpoint recomputes it), the others' once; the gradients are those of a plain
+    backward, since the recomputation repeats the same fp32 ops on the same inputs."""
+    cfg = WNMConfig.from_size("tiny")  # 4 blocks
+    torch.manual_seed(0)
+    model = WNMTransformer(cfg)
+    assert len(model.blocks) == 4
+    x, a, s, ctx = _inputs(cfg, seed=3)
+    calls = [0] * len(model.blocks)
+    for i, block in enumerate(model.blocks):
+        # An instance attribute, as compile_blocks binds it: the block's forward calls it (twice when recomputed).
+        def counted(*args, _i=i, _fn=block.block_forward, **kwargs):
+            calls[_i] += 1
+            return _fn(*args, **kwargs)
+
+        block.block_forward = counted
+    grads = {}
+    for n, flags, runs in (
+        (0, [False] * 4, [1] * 4),
+        (2, [True, True, False, False], [2, 2, 1, 1]),
+        (None, [True] * 4, [2] * 4),
+    ):
+        model.zero_grad(set_to_none=True)
+        calls[:] = [0] * len(calls)
+        model.set_activation_checkpointing(n)
+        assert [b.activation_checkpointing for b in model.blocks] == flags
+        v, va = model(x, a, s, ctx)
+        (v.square().mean() + va.square().mean()).backward()
+        assert calls == runs, (n, calls)
+        grads[n] = torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
+    assert grads[0].abs().max() > 0
+    assert torch.equal(grads[0], grads[2]) and torch.equal(grads[0], grads[None])
+
+
+def test_activation_checkpointing_switches_and_refuses_bad_counts():
+    model = WNMTransformer(WNMConfig.from_size("tiny"))  # 4 blocks
+    model.set_activation_checkpointing(3)
+    # The boolean view: True only when every block is checkpointed.
+    assert model.gradient_checkpointing is False
+    model.gradient_checkpointing = True
+    assert [b.activation_checkpointing for b in model.blocks] == [True] * 4 and model.gradient_checkpointing is True
+    model.set_activation_checkpointing(4)  # the model's depth: the same as all
+    assert model.gradient_checkpointing is True
+    model.gradient_checkpointing = False
+    assert [b.activation_checkpointing for b in model.blocks] == [False] * 4
+    for bad in (5, -1, True, 1.5, "2"):
+        with pytest.raises(ValueError, match=r"num_blocks .*this model has 4 blocks"):
+            model.set_activation_checkpointing(bad)
+        assert [b.activation_checkpointing for b in model.blocks] == [False] * 4  # left unchanged
+
+
 def test_action_sigma_equal_to_sigma_is_the_shared_forward(cfg):
     torch.manual_seed(0)
     model = WNMTransformer(cfg)

@@ -2,11 +2,24 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import socket
 import subprocess
 import sys
 
+import pytest
+import torch
 from stage3_e2e_helpers import REPO
+
+
+@pytest.fixture(scope="module")
+def bench():
+    sys.path.insert(0, str(REPO / "scripts"))
+    spec = importlib.util.spec_from_file_location("bench_stage3_gpu", REPO / "scripts" / "bench_stage3_gpu.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
 
 
 def test_bench_stage3_cpu_reports_forward_numerics_group_and_train(tmp_path):
@@ -47,3 +60,79 @@ def test_bench_stage3_refuses_bad_arguments(tmp_path):
         [sys.executable, "scripts/bench_stage3_cpu.py", "--out", str(taken)], cwd=REPO, capture_output=True, text=True
     )
     assert proc.returncode == 2 and "already exists" in proc.stderr and taken.read_text() == "keep"
+
+
+def test_ckpt_blocks_sweep_checkpoints_the_first_blocks_and_goes_on_after_an_oom(bench, tmp_path, monkeypatch):
+    """(c) alone at tiny size (4 blocks): one variant per --ckpt-blocks entry; the variant with no checkpointed block
+    is made to run out of memory (CPU has no device memory to exhaust) and the next one still runs."""
+    from verl_omni.pipelines.wnm_3d.actor import WNMDiffusionActor
+
+    real = WNMDiffusionActor.update_policy
+    seen = []
+
+    def update_policy(self, *args, **kwargs):
+        flags = tuple(b.activation_checkpointing for b in self.module.blocks)
+        seen.append(flags)
+        if not any(flags):
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB (simulated)")
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(WNMDiffusionActor, "update_policy", update_policy)
+    with socket.socket() as sock:  # the bench's single-rank gloo group needs a free port
+        sock.bind(("127.0.0.1", 0))
+        monkeypatch.setenv("MASTER_PORT", str(sock.getsockname()[1]))
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    out, js = tmp_path / "report.txt", tmp_path / "bench.json"
+    rc = bench.main(
+        ["--size", "tiny", "--device", "cpu", "--dtype", "float32", "--skip", "a,check,b", "--num-steps", "4",
+         "--window-start", "1", "--checkpointing", "on", "--ckpt-micro-batch", "16", "--ckpt-blocks", "all,0,2",
+         "--out", str(out), "--json", str(js)]
+    )  # fmt: skip
+    assert rc == 0
+    rows = json.loads(js.read_text())["train"]
+    got = [(r["ckpt_blocks"], r["num_blocks"], r.get("error")) for r in rows]
+    assert got == [(4, 4, None), (0, 4, "OOM"), (2, 4, None)]
+    # 3 steps per measured variant (the first and two timed), the OOM on the first step of its variant.
+    assert seen == [(True,) * 4] * 3 + [(False,) * 4] + [(True, True, False, False)] * 3
+    all_blocks, _, two = rows
+    # Same weights, same rollout, same micro-batches: checkpointing changes what is kept, not the math.
+    assert all_blocks["logp_abs_diff_max"] == 0.0 and two["logp_abs_diff_max"] == 0.0
+    assert two["grad_norm"] == pytest.approx(all_blocks["grad_norm"], rel=1e-6)
+    # The summary table: variant, ckpt (checkpointed / all blocks), seconds or OOM, ...
+    table = out.read_text().split("(c) FSDP2 training step")[1].splitlines()
+    lines = [line for line in table if line.strip().startswith("eager + act. ckpt")]
+    assert [line.split()[4] for line in lines] == ["4/4", "0/4", "2/4"]
+    assert lines[1].split()[5] == "OOM" and lines[1].endswith("out of device memory")
+    assert float(lines[0].split()[5]) > 0 and float(lines[2].split()[5]) > 0
+
+
+def test_ckpt_blocks_arguments_are_checked(bench, capsys):
+    cases = [
+        (["--checkpointing", "on", "--ckpt-blocks", "x"], "--ckpt-blocks: entries must be all or ints >= 0"),
+        (["--checkpointing", "on", "--ckpt-blocks", "4,-1"], "--ckpt-blocks: entries must be all or ints >= 0"),
+        (["--ckpt-blocks", "2"], "it needs --checkpointing on or both"),
+    ]
+    for argv, needle in cases:
+        with pytest.raises(SystemExit) as exc:
+            bench.parse_args(argv)
+        assert exc.value.code == 2 and needle in capsys.readouterr().err
+    assert bench.parse_args(["--checkpointing", "both", "--ckpt-blocks", "all,3,0"]).ckpt_block_counts == [None, 3, 0]
+    # Deeper than the model: refused before anything is measured.
+    assert bench.main(["--size", "tiny", "--device", "cpu", "--checkpointing", "on", "--ckpt-blocks", "5"]) == 2
+    assert "--ckpt-blocks [5]: size tiny has 4 blocks" in capsys.readouterr().err
+
+
+def test_memory_budget_variants_are_checked_and_run_after_the_checkpointed_ones(bench, capsys):
+    for argv, needle in (
+        (["--compile", "--memory-budgets", "1.5"], "--memory-budgets must be in (0, 1)"),
+        (["--compile", "--memory-budgets", "x"], "--memory-budgets must be comma-separated numbers"),
+        (["--memory-budgets", "0.2"], "--memory-budgets applies to compiled variants: add --compile"),
+    ):
+        with pytest.raises(SystemExit) as exc:
+            bench.parse_args(argv)
+        assert exc.value.code == 2 and needle in capsys.readouterr().err
+    argv = "--compile --train-variants compiled --checkpointing on --ckpt-blocks all,2 --memory-budgets 0.2,0.35"
+    args = bench.parse_args(argv.split())
+    variants = bench.train_variants(args)
+    assert variants == [(True, None), (True, 2), (True, "budget:0.2"), (True, "budget:0.35")]
+    assert [bench.memory_budget_of(b) for _, b in variants] == [None, None, 0.2, 0.35]

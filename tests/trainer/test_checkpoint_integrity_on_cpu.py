@@ -128,6 +128,25 @@ def test_resumable_knob_needs_an_explicit_override_which_is_logged(tmp_path):
         ck.check_provenance(tmp_path, _items(**{"locked:rollout.eta": 0.5}), env={"WAM_RESUME_OVERRIDE": "rollout.eta"})
 
 
+def test_checkpoint_blocks_may_change_on_resume_and_runs_from_before_the_field_resume_with_an_override(tmp_path):
+    """actor.checkpoint_blocks changes memory and recomputation, not the optimisation: a resumable knob. A run
+    recorded before the field existed has no such item; the new launch records null, which is an overridable
+    difference."""
+    ck.write_provenance(tmp_path, ck.check_provenance(tmp_path, _items()).record)
+    _fake_checkpoint(tmp_path, 1)
+    now = _items(**{"setting:actor.checkpoint_blocks": None})
+    with pytest.raises(ck.ProvenanceError) as e:
+        ck.check_provenance(tmp_path, now, env={})
+    assert 'setting:actor.checkpoint_blocks [may change on resume]: recorded "<absent>", now null' in str(e.value)
+    result = ck.check_provenance(tmp_path, now, env={"WAM_RESUME_OVERRIDE": "actor.checkpoint_blocks"})
+    assert result.action == "override"
+    ck.write_provenance(tmp_path, result.record)
+    changed = _items(**{"setting:actor.checkpoint_blocks": 20})
+    assert ck.check_provenance(tmp_path, changed, env={"WAM_RESUME_OVERRIDE": "actor.checkpoint_blocks"}).messages == [
+        "WAM_RESUME_OVERRIDE: accepted setting:actor.checkpoint_blocks: null -> 20"
+    ]
+
+
 def test_foreign_checkpoint_is_named(tmp_path):
     ck.write_provenance(tmp_path, ck.check_provenance(tmp_path, _items()).record)
     final = _fake_checkpoint(tmp_path, 1)

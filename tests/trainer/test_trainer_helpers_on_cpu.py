@@ -117,6 +117,29 @@ def test_config_validation_names_the_field():
         trainer_config_from_dict(_minimal(rollout={"window": {"range": [0, 20]}}))
 
 
+def test_actor_checkpoint_blocks_is_null_or_a_count():
+    assert trainer_config_from_dict(_minimal()).actor.checkpoint_blocks is None  # default: all blocks, as before
+    for ok in (None, 0, 7, 30):
+        assert trainer_config_from_dict(_minimal(actor={"checkpoint_blocks": ok})).actor.checkpoint_blocks == ok
+    # True is an int in Python but would mean "1 block"; "10" and 2.5 are YAML typos, -1 has no meaning.
+    for bad in (-1, 2.5, "10", True):
+        with pytest.raises(ConfigError, match=r"actor\.checkpoint_blocks: must be null .* int >= 0"):
+            trainer_config_from_dict(_minimal(actor={"checkpoint_blocks": bad}))
+
+
+def test_actor_activation_memory_budget_is_null_or_a_share_for_compiled_actors():
+    assert trainer_config_from_dict(_minimal()).actor.activation_memory_budget is None  # inductor's default
+    for ok in (0.2, 1, 1.0):
+        cfg = trainer_config_from_dict(_minimal(actor={"compile": True, "activation_memory_budget": ok}))
+        assert cfg.actor.activation_memory_budget == ok
+    # 0 keeps nothing, 1.5 is not a share, "0.2" is a YAML typo, True is an int in Python.
+    for bad in (0, 1.5, -0.1, "0.2", True):
+        with pytest.raises(ConfigError, match=r"actor\.activation_memory_budget: must be null .* in \(0, 1\]"):
+            trainer_config_from_dict(_minimal(actor={"compile": True, "activation_memory_budget": bad}))
+    with pytest.raises(ConfigError, match=r"actor\.activation_memory_budget: applies to the compiled DiT only"):
+        trainer_config_from_dict(_minimal(actor={"compile": False, "activation_memory_budget": 0.2}))
+
+
 def test_sections_build_the_sampler_loss_and_advantage_configs():
     cfg = trainer_config_from_dict(
         _minimal(

@@ -83,6 +83,8 @@ RESUMABLE_KNOBS = {
     "actor.param_offload": "",
     "actor.optimizer_offload": "",  # field removed (never read); kept so older run directories can resume
     "actor.gradient_checkpointing": "",
+    "actor.checkpoint_blocks": "",
+    "actor.activation_memory_budget": "",
     "rollout.backend": "WAM_ROLLOUT_BACKEND",
     "reward.num_workers": "WAM_REWARD_WORKERS",
 }

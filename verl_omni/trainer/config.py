@@ -260,6 +260,24 @@ class ActorConfig:
     ``history_attention: isolated`` makes history tokens attend only among themselves so the rollout computes
     their keys/values once per prompt (about half the DiT work per step); it changes the model that Stage II
     trained with full attention, so it is off (``full``) unless a user accepts that.
+
+    ``gradient_checkpointing`` runs DiT blocks under activation checkpointing: a checkpointed block keeps only
+    its inputs and recomputes its forward in the backward, which is what lets large micro-batches fit.
+    ``checkpoint_blocks`` says how many of the blocks, from the first, do so (None = all, 0 = none; ignored
+    while ``gradient_checkpointing`` is false). Fewer checkpointed blocks trade memory for less recomputation:
+    each block left out keeps its activations for the backward and is not run a second time. Where the trade
+    pays depends on the model size, micro-batch and GPU; measure it with ``scripts/bench_stage3_gpu.py
+    --ckpt-blocks`` before changing it. A value above the model's block count is refused where the model is
+    built (the actor worker), since only the checkpoint tells that count.
+
+    ``activation_memory_budget`` (compiled actors only; None = inductor's default) hands the choice of what to
+    recompute to inductor's partitioner instead: the compiled block keeps at most that share of the activations
+    it would keep by default and recomputes the cheapest of the rest in the backward (PyTorch's
+    ``torch._functorch.config.activation_memory_budget``). Use it with ``gradient_checkpointing: false``. On one
+    H200 at Wan2.1-1.3B, micro-batch 16, 0.2 ran the update at 51.5% of the matmul peak in 117 GiB against 45.0%
+    in 37 GiB with every block checkpointed, and its recomputed log-probs equalled the rollout's (a first PPO
+    ratio of exactly 1, which checkpointing does not give); docs/benchmarks.md. It needs that memory, so the
+    recipe keeps checkpointing.
     """
 
     lr: float = 1e-5
@@ -272,6 +290,8 @@ class ActorConfig:
     param_offload: bool = False
     reshard_after_forward: bool = True
     gradient_checkpointing: bool = False
+    checkpoint_blocks: int | None = None
+    activation_memory_budget: float | None = None
     compile: bool = False
     history_attention: str = "full"
 
@@ -282,6 +302,24 @@ class ActorConfig:
         _require(self.lr_schedule in ("constant", "cosine"), f"{p}.lr_schedule", "must be constant or cosine")
         _require(0 <= self.min_lr_ratio <= 1, f"{p}.min_lr_ratio", "must be in [0, 1]")
         _require(self.compile in (True, False), f"{p}.compile", f"must be true or false, got {self.compile!r}")
+        n = self.checkpoint_blocks
+        # bool is an int subclass: `true` would otherwise mean "1 block".
+        _require(
+            n is None or (isinstance(n, int) and not isinstance(n, bool) and n >= 0),
+            f"{p}.checkpoint_blocks",
+            f"must be null (all blocks) or an int >= 0 (how many blocks, from the first, to checkpoint), got {n!r}",
+        )
+        b = self.activation_memory_budget
+        _require(
+            b is None or (isinstance(b, (int, float)) and not isinstance(b, bool) and 0 < b <= 1),
+            f"{p}.activation_memory_budget",
+            f"must be null (inductor's default) or a number in (0, 1], got {b!r}",
+        )
+        _require(
+            b is None or self.compile is True,
+            f"{p}.activation_memory_budget",
+            "applies to the compiled DiT only: set actor.compile: true (WAM_COMPILE=true) or leave it null",
+        )
         _require(
             self.history_attention in ("full", "isolated"),
             f"{p}.history_attention",

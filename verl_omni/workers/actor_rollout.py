@@ -29,7 +29,7 @@ from verl.single_controller.base import Worker
 from verl.single_controller.base.decorator import Dispatch, register
 
 from verl_omni.pipelines.wnm_3d.actor import UpdateMicroBatch
-from verl_omni.trainer.config import Stage3Config, trainer_config_from_dict
+from verl_omni.trainer.config import ConfigError, Stage3Config, trainer_config_from_dict
 from verl_omni.trainer.device import DeviceSpec, peak_memory_gb, reset_peak_memory, resolve_device
 from verl_omni.trainer.rollout_batch import GenerateOutput, GenerateShard
 
@@ -45,6 +45,53 @@ def lr_lambda(cfg: Stage3Config):
         * (cfg.topology.prompts_per_step // cfg.topology.ppo_mini_batch_prompts)
     )
     return lr_multiplier(a.lr_warmup_steps, a.lr_schedule, a.min_lr_ratio, total)
+
+
+def apply_activation_checkpointing(
+    transformer: torch.nn.Module, num_blocks: int | None, field: str = "actor.checkpoint_blocks"
+) -> None:
+    """Turns on activation checkpointing of the DiT (``actor.gradient_checkpointing: true``).
+
+    Args:
+        transformer: The DiT, before ``fully_shard`` (the flags live on the blocks and survive sharding).
+        num_blocks: ``actor.checkpoint_blocks``: how many blocks, from the first, to checkpoint; None = all.
+        field: The config field ``num_blocks`` came from, named in errors.
+
+    Raises:
+        ConfigError: ``num_blocks`` exceeds the model's block count, or the model (an external one) cannot
+            checkpoint part of its blocks.
+    """
+    if num_blocks is None:
+        # All blocks, as before the field existed; a model without the switch (an external one) runs without.
+        if hasattr(transformer, "gradient_checkpointing"):
+            transformer.gradient_checkpointing = True
+        return
+    if not hasattr(transformer, "set_activation_checkpointing"):
+        raise ConfigError(
+            f"config field {field}: {type(transformer).__name__} cannot checkpoint part of its blocks "
+            "(no set_activation_checkpointing); set it to null"
+        )
+    total = len(transformer.blocks)
+    if num_blocks > total:
+        # Refused rather than clamped: a value meant for a deeper model would silently checkpoint all blocks.
+        raise ConfigError(
+            f"config field {field}: {num_blocks} exceeds the model's {total} blocks; set 0 to {total} or null (all)"
+        )
+    transformer.set_activation_checkpointing(num_blocks)
+
+
+def apply_activation_memory_budget(budget: float | None) -> None:
+    """Sets inductor's activation memory budget for the DiT compiled in this process (``actor.activation_memory
+    _budget``; None leaves PyTorch's default).
+
+    The budget is a process-wide setting of PyTorch's partitioner, read when a compiled graph's backward is first
+    built, so it is set before ``compile_blocks`` and holds for this worker process, which compiles nothing else.
+    """
+    if budget is None:
+        return
+    import torch._functorch.config as functorch_config
+
+    functorch_config.activation_memory_budget = float(budget)
 
 
 class ActorRolloutWorker(Worker):
@@ -108,8 +155,8 @@ class ActorRolloutWorker(Worker):
         # Refuses (naming model.variant, both values and the checkpoint's config.json) a checkpoint of the other
         # variant; the driver made the same check before Ray started.
         model = pipeline.load_model(cfg.model.initial_checkpoint, device=device, dtype=torch.float32)
-        if cfg.actor.gradient_checkpointing and hasattr(model.transformer, "gradient_checkpointing"):
-            model.transformer.gradient_checkpointing = True
+        if cfg.actor.gradient_checkpointing:
+            apply_activation_checkpointing(model.transformer, cfg.actor.checkpoint_blocks)
         mesh = init_device_mesh(self.spec.kind, (self.world_size,))
         if self.spec.kind == "cuda" and self.spec.dit_dtype != torch.float32:
             mp = MixedPrecisionPolicy(param_dtype=self.spec.dit_dtype, reduce_dtype=torch.float32)
@@ -134,6 +181,7 @@ class ActorRolloutWorker(Worker):
         register_fsdp_forward_method(model.transformer, "history_kv")
         model.transformer.set_history_attention(cfg.actor.history_attention)
         if cfg.actor.compile:
+            apply_activation_memory_budget(cfg.actor.activation_memory_budget)
             # After fully_shard: the compiled block forward runs inside each block's FSDP hooks.
             model.transformer.compile_blocks()
         self.model = model

@@ -157,13 +157,44 @@ class WNMTransformer(nn.Module):
 
     @property
     def gradient_checkpointing(self) -> bool:
-        """Activation checkpointing of every block (applied inside each block, see ``WNMTransformerBlock``)."""
+        """True when every block runs under activation checkpointing (applied inside each block, see
+        ``WNMTransformerBlock``); False when some or none do. Setting True checkpoints all blocks, False none
+        (:meth:`set_activation_checkpointing` checkpoints part of them)."""
         return all(block.activation_checkpointing for block in self.blocks)
 
     @gradient_checkpointing.setter
     def gradient_checkpointing(self, on: bool) -> None:
-        for block in self.blocks:
-            block.activation_checkpointing = bool(on)
+        self.set_activation_checkpointing(None if on else 0)
+
+    def set_activation_checkpointing(self, num_blocks: int | None) -> None:
+        """Runs the first ``num_blocks`` blocks under activation checkpointing and the others without.
+
+        A checkpointed block keeps only its inputs for the backward and recomputes its forward there; a block
+        without it keeps every activation and recomputes nothing. Checkpointing only part of the blocks spends
+        memory left over by checkpointing all of them on less recomputation (measure the trade with
+        ``scripts/bench_stage3_gpu.py --ckpt-blocks``). Only memory and time change, not the math.
+
+        Why the first blocks: every block has the same shapes, so any choice of ``num_blocks`` blocks saves the
+        same activations and recomputes the same work; a prefix (block ``i`` is checkpointed iff
+        ``i < num_blocks``) is the simplest choice to state and check.
+
+        Args:
+            num_blocks: How many blocks, from the first, to checkpoint: None = all, 0 = none.
+
+        Raises:
+            ValueError: ``num_blocks`` is not None or an int in ``[0, number of blocks]``.
+        """
+        total = len(self.blocks)
+        if num_blocks is None:
+            num_blocks = total
+        # bool is an int subclass; True would silently mean "1 block".
+        if isinstance(num_blocks, bool) or not isinstance(num_blocks, int) or not 0 <= num_blocks <= total:
+            raise ValueError(
+                f"num_blocks must be None (all) or an int in [0, {total}] (this model has {total} blocks), "
+                f"got {num_blocks!r}"
+            )
+        for i, block in enumerate(self.blocks):
+            block.activation_checkpointing = i < num_blocks
 
     def compile_blocks(self, mode: str | None = None, dynamic: bool | None = None) -> None:
         """Compiles the transformer block's math with ``torch.compile`` (inductor), once for all blocks.

@@ -1,0 +1,60 @@
+"""ActorRolloutWorker's set-up helpers that need no process group: activation checkpointing of the DiT and
+inductor's activation memory budget."""
+
+import pytest
+import torch
+
+from verl_omni.models.wnm import WNMConfig, WNMTransformer
+from verl_omni.trainer.config import ConfigError
+from verl_omni.workers.actor_rollout import apply_activation_checkpointing, apply_activation_memory_budget
+
+
+def _flags(model) -> list[bool]:
+    return [b.activation_checkpointing for b in model.blocks]
+
+
+def test_checkpoint_blocks_reaches_the_first_blocks():
+    model = WNMTransformer(WNMConfig.from_size("tiny"))  # 4 blocks
+    apply_activation_checkpointing(model, None)  # actor.checkpoint_blocks: null, the recipe default
+    assert _flags(model) == [True] * 4
+    apply_activation_checkpointing(model, 1)
+    assert _flags(model) == [True, False, False, False]
+    apply_activation_checkpointing(model, 0)
+    assert _flags(model) == [False] * 4
+    apply_activation_checkpointing(model, 4)
+    assert _flags(model) == [True] * 4
+
+
+def test_checkpoint_blocks_above_the_model_depth_is_refused_by_name():
+    model = WNMTransformer(WNMConfig.from_size("tiny"))
+    with pytest.raises(ConfigError, match=r"actor\.checkpoint_blocks: 5 exceeds the model's 4 blocks"):
+        apply_activation_checkpointing(model, 5)
+    assert _flags(model) == [False] * 4
+
+
+def test_a_model_without_partial_checkpointing():
+    """An external model (WNM3D_SOURCE_ROOT adapter) may lack the switches: null leaves it as built, as before the
+    field existed; a count is refused, since the model could not honour it."""
+
+    class External(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.blocks = torch.nn.ModuleList([torch.nn.Linear(2, 2)])
+
+    model = External()
+    apply_activation_checkpointing(model, None)
+    with pytest.raises(ConfigError, match=r"actor\.checkpoint_blocks: External cannot checkpoint part"):
+        apply_activation_checkpointing(model, 1)
+
+
+def test_activation_memory_budget_sets_pytorchs_partitioner_setting_and_null_leaves_it():
+    import torch._functorch.config as functorch_config
+
+    before = functorch_config.activation_memory_budget
+    try:
+        apply_activation_memory_budget(None)
+        assert functorch_config.activation_memory_budget == before
+        apply_activation_memory_budget(0.2)
+        assert functorch_config.activation_memory_budget == 0.2
+    finally:
+        functorch_config.activation_memory_budget = before
