@@ -1,12 +1,17 @@
-"""ActorRolloutWorker's set-up helpers that need no process group: activation checkpointing of the DiT and
-inductor's activation memory budget."""
+"""ActorRolloutWorker's set-up helpers that need no process group: activation checkpointing of the DiT,
+inductor's activation memory budget, and how many requests a DiT call takes."""
 
 import pytest
 import torch
 
 from verl_omni.models.wnm import WNMConfig, WNMTransformer
+from verl_omni.pipelines.wnm_shared import NativeBackendConfig
 from verl_omni.trainer.config import ConfigError
-from verl_omni.workers.actor_rollout import apply_activation_checkpointing, apply_activation_memory_budget
+from verl_omni.workers.actor_rollout import (
+    apply_activation_checkpointing,
+    apply_activation_memory_budget,
+    one_request_per_call,
+)
 
 
 def _flags(model) -> list[bool]:
@@ -58,3 +63,14 @@ def test_activation_memory_budget_sets_pytorchs_partitioner_setting_and_null_lea
         assert functorch_config.activation_memory_budget == 0.2
     finally:
         functorch_config.activation_memory_budget = before
+
+
+def test_deterministic_runs_one_request_per_dit_call_on_cpu_only():
+    """trainer.deterministic: on CPU every request gets its own DiT call (batch-invariant, as the CPU tests need);
+    on GPUs the backend keeps rollout.micro_batch_size rows per call, the shape the recipe sets for the update."""
+    assert one_request_per_call(True, "cpu") and not one_request_per_call(False, "cpu")
+    assert not one_request_per_call(True, "cuda")
+    cpu = NativeBackendConfig(device="cpu", deterministic=one_request_per_call(True, "cpu"), chunk_size=16)
+    assert cpu.effective_chunk_size == 1
+    gpu_kind = NativeBackendConfig(device="cpu", deterministic=one_request_per_call(True, "cuda"), chunk_size=16)
+    assert gpu_kind.effective_chunk_size == 16

@@ -398,7 +398,12 @@ class TopologyConfig:
 
 @dataclass
 class TrainerConfig:
-    """Run length, intervals and outputs."""
+    """Run length, intervals and outputs.
+
+    ``deterministic`` turns on PyTorch's deterministic algorithms (warnings only, where none exists) and, on CPU,
+    one request per DiT call, so that each rollout's bits do not depend on its batch-mates. On GPUs the DiT keeps
+    ``rollout.micro_batch_size`` requests per call (``workers.actor_rollout.one_request_per_call`` says why).
+    """
 
     total_steps: int = 2
     save_freq: int = 1

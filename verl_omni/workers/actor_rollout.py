@@ -80,6 +80,20 @@ def apply_activation_checkpointing(
     transformer.set_activation_checkpointing(num_blocks)
 
 
+def one_request_per_call(deterministic: bool, device_kind: str) -> bool:
+    """Whether the rollout and the update run the DiT on one request per call (``trainer.deterministic`` on CPU).
+
+    On CPU that makes every rollout independent of its batch-mates, bit for bit, which the CPU tests and the
+    exact first PPO ratio rely on, at little cost. On GPUs it is not what ``trainer.deterministic`` buys: the
+    GPU run is not bitwise reproducible anyway (cuDNN's attention backward is non-deterministic, and PyTorch only
+    warns about it), while a batch of one would silently override ``rollout.micro_batch_size`` and
+    ``topology.micro_batch_rollouts``, the batch shape the recipe chose for GPUs. So on GPUs the DiT runs
+    ``rollout.micro_batch_size`` requests per call and the update the same rows per call; results then depend on
+    the batch composition, which the config fixes, so a rerun of the same config meets the same batches.
+    """
+    return bool(deterministic) and device_kind == "cpu"
+
+
 def apply_activation_memory_budget(budget: float | None) -> None:
     """Sets inductor's activation memory budget for the DiT compiled in this process (``actor.activation_memory
     _budget``; None leaves PyTorch's default).
@@ -199,7 +213,7 @@ class ActorRolloutWorker(Worker):
             NativeBackendConfig(
                 device=str(device),
                 dtype="float32",
-                deterministic=cfg.trainer.deterministic,
+                deterministic=one_request_per_call(cfg.trainer.deterministic, self.spec.kind),
                 chunk_size=cfg.rollout.micro_batch_size,
             ),
         )
@@ -247,7 +261,7 @@ class ActorRolloutWorker(Worker):
         engine_cfg = VllmOmniEngineConfig(
             checkpoint=str(cfg.model.initial_checkpoint),
             dtype="bfloat16" if self.spec.dit_dtype == torch.bfloat16 else "float32",
-            deterministic=cfg.trainer.deterministic,
+            deterministic=one_request_per_call(cfg.trainer.deterministic, self.spec.kind),
             chunk_size=cfg.rollout.micro_batch_size,
             max_num_seqs=cfg.rollout.micro_batch_size,
         )
