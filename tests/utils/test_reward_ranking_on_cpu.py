@@ -27,6 +27,7 @@ from verl_omni.utils.reward_score.ranking import (
     load_query_states,
     policy_actions,
     rank_policies,
+    short_stop_preference,
     window_metrics,
 )
 from verl_omni.utils.reward_score.trajectory import compute_geometry
@@ -165,4 +166,8 @@ def test_charge_stop_chunk_stops_crediting_a_short_stops_motion_on_real_query_st
         nav_drive = rs.score(_batch(states, drive)).scores["nav_1"][keep]
         nav_short = rs.score(_batch(states, short)).scores["nav_1"][keep]
         fractions[charge] = float(np.mean(nav_short > nav_drive + 1e-9))
+        # The report's helper (scripts/reward_ranking.py) builds the same pair; this construction checks it.
+        helper = short_stop_preference(rs, states, 3, heading_noise_rad=0.25, seed=0)
+        assert helper["states"] == keep.sum() and helper["fraction"] == fractions[charge]
+        assert helper["mean_gap"] == pytest.approx(float(np.mean(nav_short - nav_drive)), rel=1e-9)
     assert fractions[False] > 0.5 > fractions[True], fractions

@@ -164,18 +164,19 @@ def gate_notes(chosen: np.ndarray, view, allowed: np.ndarray, within_steps: int 
         "stop_allowed", "gate_visible_logit", "gate_distance_m"}``: the closed-loop report then shows at what true
         distance the gate let STOPs through.
     """
-    from verl_omni.models.wnm.goal_probe import DISTANCE_SCALE_M
+    from verl_omni.models.wnm.stop_gate import predicted_distance_m, stop_steps
 
     view = view.detach().float().cpu().numpy()
-    stops = np.asarray(chosen)[:, :within_steps, 3] > 0.5
+    stops = stop_steps(chosen, within_steps)  # the gate's own STOP-in-window rule
     asked = stops.any(-1)
+    distance_m = predicted_distance_m(view)
     return [
         {
             "stop_asked": True,
             "stop_step": int(stops[b].argmax()),
             "stop_allowed": bool(allowed[b]),
             "gate_visible_logit": float(view[b, 0]),
-            "gate_distance_m": float(view[b, 3] * DISTANCE_SCALE_M),
+            "gate_distance_m": float(distance_m[b]),
         }
         if asked[b]
         else None

@@ -59,10 +59,22 @@ def fit_stop_distance(
     return float(torch.quantile(goal_view[rows, 3].double() * DISTANCE_SCALE_M, quantile))
 
 
+def predicted_distance_m(prediction):
+    """``[B]`` metres to the named object from the head's ``[B, 4]`` prediction (tensor or array), whose last
+    column regresses the distance divided by ``DISTANCE_SCALE_M``."""
+    return prediction[:, 3] * DISTANCE_SCALE_M
+
+
 def stop_allowed(prediction: torch.Tensor, stop_distance_m: float) -> torch.Tensor:
     """``bool [B]``: the head's ``[B, 4]`` prediction says the object is in view (logit > 0) and its distance is at
     most ``stop_distance_m``."""
-    return (prediction[:, 0] > 0) & (prediction[:, 3] * DISTANCE_SCALE_M <= stop_distance_m)
+    return (prediction[:, 0] > 0) & (predicted_distance_m(prediction) <= stop_distance_m)
+
+
+def stop_steps(actions: np.ndarray, within_steps: int | None = None, threshold: float = 0.5) -> np.ndarray:
+    """``bool [..., within_steps]``: which of the first ``within_steps`` steps of each ``[..., S, 4]`` chunk stop
+    (stop channel above ``threshold``, the evaluator's rule; None = the whole chunk)."""
+    return np.asarray(actions)[..., :within_steps, 3] > threshold
 
 
 def gate_stop(
@@ -85,7 +97,7 @@ def gate_stop(
     """
     actions = np.asarray(actions, np.float64)
     out = actions[0].copy()
-    stops = (actions[..., :within_steps, 3] > threshold).any(-1)  # [V, B]
+    stops = stop_steps(actions, within_steps, threshold).any(-1)  # [V, B]
     for b in np.flatnonzero(stops[0] & ~np.asarray(allowed, bool)):
         moving = np.flatnonzero(~stops[1:, b])
         if moving.size:
