@@ -46,12 +46,15 @@ if [ -e "$WS" ] && [ -n "$(ls -A "$WS" 2>/dev/null)" ]; then
 fi
 
 if [ "$smallest" -eq 1 ]; then
-  SCENES=3 EPISODES=4 SFT_STEPS=10 SFT_BATCH=4 TRAIN_SIZE=2 GRPO_STEPS=1 EVAL_EPISODES=2 EVAL_MAX_STEPS=8 IMAGE=64
+  SCENES=3 EPISODES=4 SFT_STEPS=10 SFT_BATCH=4 TRAIN_SIZE=2 GRPO_STEPS=1 EVAL_EPISODES=2 EVAL_SCENES=2 EVAL_MAX_STEPS=8
+  IMAGE=64
 else
   # Sized for two CPU cores: the recipe's prompt batch resolves to the training size (4 prompts x 16
   # rollouts per step), each GRPO step takes about a minute there. 300 SFT steps of 8 rows with the action
   # loss weighted 4x are what it takes for the tiny stand-in to drive instead of stopping at its first call.
-  SCENES=6 EPISODES=4 SFT_STEPS=300 SFT_BATCH=8 TRAIN_SIZE=4 GRPO_STEPS=2 EVAL_EPISODES=8 EVAL_MAX_STEPS=48 IMAGE=64
+  # The evaluation's 24 episodes (6 held-out scenes) are what it takes to show its progress above zero.
+  SCENES=6 EPISODES=4 SFT_STEPS=300 SFT_BATCH=8 TRAIN_SIZE=4 GRPO_STEPS=2 EVAL_EPISODES=24 EVAL_SCENES=6 EVAL_MAX_STEPS=48
+  IMAGE=64
 fi
 
 source scripts/_env.sh
@@ -116,10 +119,11 @@ step 6 "export global_step_$latest into a complete checkpoint"
   --actor-checkpoint "$WS/stage3/global_step_$latest/actor" --output-dir "$WS/stage3_export"
 
 step 7 "closed-loop evaluation on held-out scenes: Stage-II vs Stage-III, beside the goal-bearing reference"
-# The checkpoints replan every 3 action steps, as the Stage-II evaluations do (docs/results.md: on these 8
-# episodes the stand-in's mean progress rose from +0.17 m executing whole 8-step chunks to +0.68-0.79 m).
+# The checkpoints replan every 3 action steps, as the Stage-II evaluations do. 24 episodes in 6 scenes, so that
+# the report can tell the stand-in's mean progress from zero (docs/results.md: +0.47 m [+0.08, +0.86]; 8 episodes
+# gave +0.79 m [-0.40, +1.98]); about 200 s of the quickstart's 10 minutes on 2 cores.
 "$PY" tools/eval/closed_loop_eval.py --checkpoint "$WS/stage2" --compare "$WS/stage3_export" --policy goal_bearing \
-  --level "$LEVEL" --synthesize 2 --seed 1 --episodes "$EVAL_EPISODES" --max-steps "$EVAL_MAX_STEPS" --num-steps 4 \
+  --level "$LEVEL" --synthesize "$EVAL_SCENES" --seed 1 --episodes "$EVAL_EPISODES" --max-steps "$EVAL_MAX_STEPS" --num-steps 4 \
   --execute-steps 3 --output-dir "$WS/eval" --no-progress
 progress=$("$PY" -c "
 import json, sys
