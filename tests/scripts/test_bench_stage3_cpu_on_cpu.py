@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import socket
 import subprocess
@@ -10,16 +9,12 @@ import sys
 
 import pytest
 import torch
-from stage3_e2e_helpers import REPO
+from stage3_e2e_helpers import REPO, load_script
 
 
 @pytest.fixture(scope="module")
 def bench():
-    sys.path.insert(0, str(REPO / "scripts"))
-    spec = importlib.util.spec_from_file_location("bench_stage3_gpu", REPO / "scripts" / "bench_stage3_gpu.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("bench_stage3_gpu")
 
 
 def test_bench_stage3_cpu_reports_forward_numerics_group_and_train(tmp_path):

@@ -1,21 +1,12 @@
 """scripts/profile_dit.py: the kernel classification and the per-kind table (the profiling itself needs a GPU)."""
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
-
-REPO = Path(__file__).resolve().parents[2]
+from stage3_e2e_helpers import load_script
 
 
 @pytest.fixture(scope="module")
 def profile_dit():
-    sys.path.insert(0, str(REPO / "scripts"))
-    spec = importlib.util.spec_from_file_location("profile_dit", REPO / "scripts" / "profile_dit.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("profile_dit")
 
 
 def test_kernel_names_from_an_h200_profile_are_classified(profile_dit):
