@@ -138,6 +138,9 @@ def test_actor_activation_memory_budget_is_null_or_a_share_for_compiled_actors()
             trainer_config_from_dict(_minimal(actor={"compile": True, "activation_memory_budget": bad}))
     with pytest.raises(ConfigError, match=r"actor\.activation_memory_budget: applies to the compiled DiT only"):
         trainer_config_from_dict(_minimal(actor={"compile": False, "activation_memory_budget": 0.2}))
+    with pytest.raises(ConfigError, match=r"actor\.activation_memory_budget: replaces activation checkpointing"):
+        both = {"compile": True, "gradient_checkpointing": True, "activation_memory_budget": 0.2}
+        trainer_config_from_dict(_minimal(actor=both))
 
 
 def test_sections_build_the_sampler_loss_and_advantage_configs():

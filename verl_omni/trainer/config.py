@@ -321,6 +321,12 @@ class ActorConfig:
             "applies to the compiled DiT only: set actor.compile: true (WAM_COMPILE=true) or leave it null",
         )
         _require(
+            b is None or not self.gradient_checkpointing,
+            f"{p}.activation_memory_budget",
+            "replaces activation checkpointing (a checkpointed block recomputes its whole forward and drops what the "
+            "budget keeps): set actor.gradient_checkpointing: false with it, or leave it null",
+        )
+        _require(
             self.history_attention in ("full", "isolated"),
             f"{p}.history_attention",
             f"must be full or isolated, got {self.history_attention!r}",
