@@ -273,7 +273,7 @@ class ActorConfig:
     ``activation_memory_budget`` (compiled actors only; None = inductor's default) hands the choice of what to
     recompute to inductor's partitioner instead: the compiled block keeps at most that share of the activations
     it would keep by default and recomputes the cheapest of the rest in the backward (PyTorch's
-    ``torch._functorch.config.activation_memory_budget``). Use it with ``gradient_checkpointing: false``. On one
+    ``torch._functorch.config.activation_memory_budget``). It requires ``gradient_checkpointing: false``. On one
     H200 at Wan2.1-1.3B, micro-batch 16, 0.2 ran the update at 51.5% of the matmul peak in 117 GiB against 45.0%
     in 37 GiB with every block checkpointed, and its recomputed log-probs equalled the rollout's (a first PPO
     ratio of exactly 1, which checkpointing does not give); docs/benchmarks.md. It needs that memory, so the
