@@ -9,7 +9,10 @@
 #   2. the two_rooms round-0 collection, in the background on SYN_WORKERS cores, while
 #   3. the one_room round 0 trains on the GPU and is evaluated;
 #   4. two_rooms rounds 0..ROUNDS-1 from the one_room checkpoint (--init-checkpoint), DAgger from round 1,
-#      each evaluated with and without the STOP gate on the held-out episodes.
+#      each evaluated with and without the STOP gate on the held-out episodes. Each DAgger round trains on the
+#      whole 800-scene round-0 collection plus its own rows (about 10% of the states): from scratch with
+#      ROUNDS=2 and --sft-autocast bfloat16 this gave SR 0.193 on the held-out two_rooms episodes in session 19
+#      (1,619 s on one H200), against 0.318 for the TWO_ROOMS_FROM round below (docs/results.md); one run each.
 #
 # DAgger rounds from a carried checkpoint: with TWO_ROOMS_FROM=CKPT (a two_rooms round of an earlier run, e.g. one
 # brought back from a GPU machine that has since gone), steps 1-4 are replaced by one train_stage2.py run in
