@@ -18,6 +18,22 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from stage3_e2e_helpers import build_workspace, run_cli, write_trainer_config  # noqa: E402
 
+# A Wan-size DiT with the project's built-in text and image encoders, 256 image tokens, the tiny VAE and 4
+# geometry frames: the DiT is full size, the parts around it are small enough to build on a machine without the
+# real encoders' weights (no network on the GPU machine). docs/benchmarks.md measures wan2.1-1.3b this way.
+LIGHT_ENCODERS = (
+    "text_encoder_kind=builtin",
+    "image_encoder_kind=builtin",
+    "image_tokens=256",
+    "vae_kind=tiny",
+    "geometry_frames=4",
+)
+
+
+def checkpoint_overrides(light_encoders: bool, ckpt_set: list[str]) -> tuple[str, ...]:
+    """The checkpoint's WNMConfig overrides: the light-encoder set first, so that ``--ckpt-set`` items override it."""
+    return (LIGHT_ENCODERS if light_encoders else ()) + tuple(ckpt_set)
+
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -32,6 +48,12 @@ def main() -> int:
     ap.add_argument("--micro-batch", type=int, default=8, help="rollouts per forward/backward per rank")
     ap.add_argument("--sft-steps", type=int, default=0)
     ap.add_argument("--ckpt-set", action="append", default=[], help="WNMConfig override for the checkpoint")
+    ap.add_argument(
+        "--light-encoders",
+        action="store_true",
+        help="the checkpoint keeps the size's DiT but uses the built-in encoders, 256 image tokens, the tiny VAE and "
+        "4 geometry frames (" + ", ".join(LIGHT_ENCODERS) + "); --ckpt-set items override these",
+    )
     ap.add_argument("--compile", action="store_true", help="actor.compile=true (torch.compile the DiT blocks)")
     ap.add_argument("--no-reshard", action="store_true", help="actor.reshard_after_forward=false")
     ap.add_argument("--scenes", type=int, default=3)
@@ -59,7 +81,7 @@ def main() -> int:
             train_size=2 * args.prompts,
             sft_steps=args.sft_steps,
             workers=4 if args.gpus else 1,
-            ckpt_overrides=tuple(args.ckpt_set),
+            ckpt_overrides=checkpoint_overrides(args.light_encoders, args.ckpt_set),
         )
         ws_file.write_text(json.dumps({k: str(v) if isinstance(v, Path) else v for k, v in ws.items()}))
     print(f"workspace: {time.perf_counter() - t0:.1f} s (size {args.size}, {args.image_size}px) in {args.workdir}")
