@@ -37,6 +37,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import copy
+import dataclasses
 import functools
 import json
 import os
@@ -515,53 +516,84 @@ def is_oom(e: BaseException) -> bool:
     return False
 
 
-def train_variants(args) -> list[tuple[bool, int | str | None]]:
-    """(c)'s variants in run order: ``(compiled, blocks)``, ``blocks`` ``"off"`` (no activation checkpointing, at
-    ``--micro-batch``) or a ``--ckpt-blocks`` entry (at ``--ckpt-micro-batch``: None = all, N = the first N)."""
+@dataclasses.dataclass(frozen=True)
+class TrainVariant:
+    """One variant of (c): how the DiT is compiled and what its backward keeps.
+
+    Attributes:
+        compiled: ``compile_blocks()`` after sharding.
+        checkpointing: Activation checkpointing of the blocks (at ``--ckpt-micro-batch``); False runs at
+            ``--micro-batch`` unless a memory budget is set.
+        ckpt_blocks: With ``checkpointing``: how many blocks, from the first, to checkpoint; None = all.
+        memory_budget: Inductor's activation memory budget (compiled, no checkpointing, at ``--ckpt-micro-batch``);
+            None = PyTorch's default.
+    """
+
+    compiled: bool
+    checkpointing: bool = False
+    ckpt_blocks: int | None = None
+    memory_budget: float | None = None
+
+    @property
+    def name(self) -> str:
+        if self.memory_budget is not None:
+            return f"compiled, mem. budget {self.memory_budget:g}"
+        return ("compiled" if self.compiled else "eager") + (" + act. ckpt" if self.checkpointing else "")
+
+    def checkpointed_blocks(self, num_layers: int) -> int:
+        """How many of ``num_layers`` blocks run under activation checkpointing."""
+        if not self.checkpointing:
+            return 0
+        return num_layers if self.ckpt_blocks is None else self.ckpt_blocks
+
+    @property
+    def large_micro_batch(self) -> bool:
+        """Whether the variant frees enough memory to run at ``--ckpt-micro-batch``."""
+        return self.checkpointing or self.memory_budget is not None
+
+
+def train_variants(args) -> list[TrainVariant]:
+    """(c)'s variants in run order: per compile setting, no checkpointing (unless ``--checkpointing on``), then
+    one per ``--ckpt-blocks`` entry; then the compiled ``--memory-budgets`` variants."""
     wanted = set(_csv(args.train_variants))
     kinds = ([False] if "eager" in wanted else []) + ([True] if args.compile and "compiled" in wanted else [])
     counts = {"off": [], "on": args.ckpt_block_counts, "both": args.ckpt_block_counts}[args.checkpointing]
-    off = [] if args.checkpointing == "on" else ["off"]
-    budgets = [f"budget:{b}" for b in args.memory_budget_values] if True in kinds else []
-    return [(compiled, blocks) for compiled in kinds for blocks in off + counts] + [(True, b) for b in budgets]
+    out = []
+    for compiled in kinds:
+        if args.checkpointing != "on":
+            out.append(TrainVariant(compiled))
+        out += [TrainVariant(compiled, checkpointing=True, ckpt_blocks=n) for n in counts]
+    if True in kinds:
+        out += [TrainVariant(True, memory_budget=b) for b in args.memory_budget_values]
+    return out
 
 
-def memory_budget_of(blocks) -> float | None:
-    """The activation memory budget of a ``"budget:B"`` variant of :func:`train_variants`, else None."""
-    return float(blocks.split(":", 1)[1]) if isinstance(blocks, str) and blocks.startswith("budget:") else None
-
-
-def train_variant(
-    cfg, device, dtype, mesh, group, peak: float, attention: str, compiled: bool, blocks, mb: int
-) -> dict:
+def train_variant(cfg, device, dtype, mesh, group, peak: float, attention: str, variant: TrainVariant, mb: int) -> dict:
     """Builds, shards (and compiles) a fresh model and measures one variant of (c); see :func:`bench_train`.
 
     Everything it allocates is local, so an exception (an OOM) frees it all once the caller drops the exception.
 
     Args:
-        compiled: ``compile_blocks()`` after sharding.
-        blocks: ``"off"`` (no activation checkpointing), how many blocks, from the first, to checkpoint
-            (None = all), or ``"budget:B"``: no checkpointing, compiled under activation memory budget B.
+        variant: Compile, checkpointing and memory-budget settings.
         mb: Transitions per forward/backward, and the rollout's rows per DiT call.
     """
-    budget = memory_budget_of(blocks)
-    if budget is None:
-        return _train_variant(cfg, device, dtype, mesh, group, peak, attention, compiled, blocks, mb)
-    import torch._functorch.config as functorch_config
+    if variant.memory_budget is None:
+        return _train_variant(cfg, device, dtype, mesh, group, peak, attention, variant, mb)
+    from verl_omni.models.wnm.transformer import set_activation_memory_budget
 
-    # The budget is read when inductor partitions the joint graph, i.e. at the first backward: recompile under it.
+    # The budget is read when inductor partitions the joint graph, i.e. at the first backward: recompile under it,
+    # and restore the old setting for the variants after this one (the product's worker keeps it instead).
     torch._dynamo.reset()
-    old = functorch_config.activation_memory_budget
-    functorch_config.activation_memory_budget = budget
+    old = set_activation_memory_budget(variant.memory_budget)
     try:
-        return _train_variant(cfg, device, dtype, mesh, group, peak, attention, compiled, "off", mb)
+        return _train_variant(cfg, device, dtype, mesh, group, peak, attention, variant, mb)
     finally:
-        functorch_config.activation_memory_budget = old
+        set_activation_memory_budget(old)
         torch._dynamo.reset()
 
 
 def _train_variant(
-    cfg, device, dtype, mesh, group, peak: float, attention: str, compiled: bool, blocks, mb: int
+    cfg, device, dtype, mesh, group, peak: float, attention: str, variant: TrainVariant, mb: int
 ) -> dict:
     """:func:`train_variant` once the variant's compile settings are in place."""
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
@@ -571,14 +603,13 @@ def _train_variant(
 
     sampler, reqs, ctx_lp, w = group
     seq = cfg.history_tokens + cfg.target_tokens + cfg.action_steps
-    ckpt = blocks != "off"
     model = build_ours(cfg, device, torch.float32, attention=attention)  # fp32 master weights
-    model.set_activation_checkpointing(blocks if ckpt else 0)
+    model.set_activation_checkpointing(variant.checkpointed_blocks(cfg.num_layers))
     mp = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)
     for block in model.blocks:
         fully_shard(block, mesh=mesh, mp_policy=mp)
     fully_shard(model, mesh=mesh, mp_policy=mp)
-    if compiled:
+    if variant.compiled:
         model.compile_blocks()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-6)
     n = len(reqs)
@@ -644,15 +675,10 @@ def bench_train(cfg, args, device, dtype, group, peak: float, attention: str = "
     rows = []
     with single_rank_group(device):
         mesh = init_device_mesh(device.type, (1,))
-        for compiled, blocks in train_variants(args):
-            budget = memory_budget_of(blocks)
-            ckpt = blocks != "off" and budget is None
-            name = ("compiled" if compiled else "eager") + (" + act. ckpt" if ckpt else "")
-            if budget is not None:
-                name = f"compiled, mem. budget {budget:g}"
-            n_ckpt = 0 if not ckpt else layers if blocks is None else blocks
-            big = ckpt or budget is not None
-            mb = max(1, min(args.ckpt_micro_batch if big else args.micro_batch, len(reqs)))
+        for variant in train_variants(args):
+            name = variant.name
+            n_ckpt = variant.checkpointed_blocks(layers)
+            mb = max(1, min(args.ckpt_micro_batch if variant.large_micro_batch else args.micro_batch, len(reqs)))
             base = {
                 "variant": name,
                 "ckpt_blocks": n_ckpt,
@@ -663,7 +689,7 @@ def bench_train(cfg, args, device, dtype, group, peak: float, attention: str = "
             label = f"{name:<22} ckpt {n_ckpt:>2}/{layers}"
             reset_peak(device)
             try:
-                row = base | train_variant(cfg, device, dtype, mesh, group, peak, attention, compiled, blocks, mb)
+                row = base | train_variant(cfg, device, dtype, mesh, group, peak, attention, variant, mb)
             except Exception as e:  # report and go on to the next variant
                 error = "OOM" if is_oom(e) else f"FAILED: {type(e).__name__}"
                 row = {**base, "error": error, "message": str(e)[:300], "peak_gib": peak_gib(device)}

@@ -23,6 +23,8 @@ def load_script(name: str):
         sys.path.insert(0, str(REPO / "scripts"))
     spec = importlib.util.spec_from_file_location(name, REPO / "scripts" / f"{name}.py")
     mod = importlib.util.module_from_spec(spec)
+    # Registered before it runs, as an import would: dataclasses and pickling look their module up by name.
+    sys.modules[name] = mod
     spec.loader.exec_module(mod)
     return mod
 

@@ -341,3 +341,20 @@ def test_action_sigma_is_checked(cfg):
     model.set_history_attention("isolated")
     with pytest.raises(ValueError, match="Stage-II training input"):
         model(x, a, s, ctx, action_sigma=s)
+
+
+def test_activation_memory_budget_sets_pytorchs_partitioner_setting_returns_the_old_one_and_null_leaves_it():
+    import torch._functorch.config as functorch_config
+
+    from verl_omni.models.wnm.transformer import set_activation_memory_budget
+
+    before = functorch_config.activation_memory_budget
+    try:
+        assert set_activation_memory_budget(None) == before
+        assert functorch_config.activation_memory_budget == before
+        assert set_activation_memory_budget(0.2) == before
+        assert functorch_config.activation_memory_budget == 0.2
+        assert set_activation_memory_budget(before) == 0.2  # how a caller compiling several variants restores it
+        assert functorch_config.activation_memory_budget == before
+    finally:
+        functorch_config.activation_memory_budget = before

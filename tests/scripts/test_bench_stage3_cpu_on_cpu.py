@@ -129,5 +129,22 @@ def test_memory_budget_variants_are_checked_and_run_after_the_checkpointed_ones(
     argv = "--compile --train-variants compiled --checkpointing on --ckpt-blocks all,2 --memory-budgets 0.2,0.35"
     args = bench.parse_args(argv.split())
     variants = bench.train_variants(args)
-    assert variants == [(True, None), (True, 2), (True, "budget:0.2"), (True, "budget:0.35")]
-    assert [bench.memory_budget_of(b) for _, b in variants] == [None, None, 0.2, 0.35]
+    V = bench.TrainVariant
+    assert variants == [
+        V(True, checkpointing=True, ckpt_blocks=None),
+        V(True, checkpointing=True, ckpt_blocks=2),
+        V(True, memory_budget=0.2),
+        V(True, memory_budget=0.35),
+    ]
+    assert [v.checkpointed_blocks(30) for v in variants] == [30, 2, 0, 0]
+    assert [v.name for v in variants] == [
+        "compiled + act. ckpt",
+        "compiled + act. ckpt",
+        "compiled, mem. budget 0.2",
+        "compiled, mem. budget 0.35",
+    ]
+    assert all(v.large_micro_batch for v in variants)
+    # Without --checkpointing on, each compile setting first runs without checkpointing, at --micro-batch.
+    args = bench.parse_args("--compile --train-variants eager,compiled --checkpointing both --ckpt-blocks 1".split())
+    assert bench.train_variants(args) == [V(False), V(False, True, 1), V(True), V(True, True, 1)]
+    assert not V(False).large_micro_batch and V(False).name == "eager"

@@ -1,5 +1,5 @@
-"""ActorRolloutWorker's set-up helpers that need no process group: activation checkpointing of the DiT,
-inductor's activation memory budget, and how many requests a DiT call takes."""
+"""ActorRolloutWorker's set-up helpers that need no process group: activation checkpointing of the DiT and how
+many requests a DiT call takes."""
 
 import pytest
 import torch
@@ -9,7 +9,6 @@ from verl_omni.pipelines.wnm_shared import NativeBackendConfig
 from verl_omni.trainer.config import ConfigError
 from verl_omni.workers.actor_rollout import (
     apply_activation_checkpointing,
-    apply_activation_memory_budget,
     one_request_per_call,
 )
 
@@ -50,19 +49,6 @@ def test_a_model_without_partial_checkpointing():
     apply_activation_checkpointing(model, None)
     with pytest.raises(ConfigError, match=r"actor\.checkpoint_blocks: External cannot checkpoint part"):
         apply_activation_checkpointing(model, 1)
-
-
-def test_activation_memory_budget_sets_pytorchs_partitioner_setting_and_null_leaves_it():
-    import torch._functorch.config as functorch_config
-
-    before = functorch_config.activation_memory_budget
-    try:
-        apply_activation_memory_budget(None)
-        assert functorch_config.activation_memory_budget == before
-        apply_activation_memory_budget(0.2)
-        assert functorch_config.activation_memory_budget == 0.2
-    finally:
-        functorch_config.activation_memory_budget = before
 
 
 def test_deterministic_runs_one_request_per_dit_call_on_cpu_only():

@@ -94,20 +94,6 @@ def one_request_per_call(deterministic: bool, device_kind: str) -> bool:
     return bool(deterministic) and device_kind == "cpu"
 
 
-def apply_activation_memory_budget(budget: float | None) -> None:
-    """Sets inductor's activation memory budget for the DiT compiled in this process (``actor.activation_memory
-    _budget``; None leaves PyTorch's default).
-
-    The budget is a process-wide setting of PyTorch's partitioner, read when a compiled graph's backward is first
-    built, so it is set before ``compile_blocks`` and holds for this worker process, which compiles nothing else.
-    """
-    if budget is None:
-        return
-    import torch._functorch.config as functorch_config
-
-    functorch_config.activation_memory_budget = float(budget)
-
-
 class ActorRolloutWorker(Worker):
     """verl worker: FSDP2 DiT + optimizer + colocated native rollout, a thin Ray shell.
 
@@ -195,7 +181,11 @@ class ActorRolloutWorker(Worker):
         register_fsdp_forward_method(model.transformer, "history_kv")
         model.transformer.set_history_attention(cfg.actor.history_attention)
         if cfg.actor.compile:
-            apply_activation_memory_budget(cfg.actor.activation_memory_budget)
+            from verl_omni.models.wnm.transformer import set_activation_memory_budget
+
+            # Process-wide and read at the first backward, so it is set here and kept (the worker compiles
+            # nothing else).
+            set_activation_memory_budget(cfg.actor.activation_memory_budget)
             # After fully_shard: the compiled block forward runs inside each block's FSDP hooks.
             model.transformer.compile_blocks()
         self.model = model

@@ -69,6 +69,29 @@ def masked_mean(tokens: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor
     return (tokens * weights[..., None]).sum(1) / weights.sum(1, keepdim=True).clamp_min(1.0)
 
 
+def set_activation_memory_budget(budget: float | None) -> float:
+    """Sets inductor's activation memory budget for what this process compiles next; returns the previous value.
+
+    The budget is a process-wide setting of PyTorch's partitioner (``torch._functorch.config``), read when a
+    compiled graph's backward is first built, i.e. at the first backward after :meth:`WNMTransformer.compile_blocks`,
+    not at the ``compile_blocks`` call. A Ray actor worker compiles only its DiT, so it sets the budget and keeps
+    it; a benchmark that compiles several variants in one process restores the returned value after each.
+
+    Args:
+        budget: Fraction in (0, 1] of the activations to keep for the backward (the rest is recomputed); None
+            leaves the current setting.
+
+    Returns:
+        The setting before the call.
+    """
+    import torch._functorch.config as functorch_config
+
+    before = functorch_config.activation_memory_budget
+    if budget is not None:
+        functorch_config.activation_memory_budget = float(budget)
+    return before
+
+
 class WNMTransformer(nn.Module):
     """Joint video/action DiT predicting the rectified-flow velocity ``v = eps - x0``.
 
