@@ -16,15 +16,19 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def load_script(name: str):
-    """Imports ``scripts/<name>.py`` as a module (scripts/ on sys.path first, for their sibling imports)."""
+    """Imports ``scripts/<name>.py``, or the repository file ``name`` when it ends in ``.py``, as a module.
+
+    ``scripts/`` goes on sys.path first, for the scripts' sibling imports. The module is named after the file stem.
+    """
     import importlib.util
 
     if str(REPO / "scripts") not in sys.path:
         sys.path.insert(0, str(REPO / "scripts"))
-    spec = importlib.util.spec_from_file_location(name, REPO / "scripts" / f"{name}.py")
+    path = REPO / name if name.endswith(".py") else REPO / "scripts" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(path.stem, path)
     mod = importlib.util.module_from_spec(spec)
     # Registered before it runs, as an import would: dataclasses and pickling look their module up by name.
-    sys.modules[name] = mod
+    sys.modules[path.stem] = mod
     spec.loader.exec_module(mod)
     return mod
 

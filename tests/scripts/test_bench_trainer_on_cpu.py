@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from stage3_e2e_helpers import REPO, load_script
+from stage3_e2e_helpers import load_script
 
 
 def test_light_encoders_come_first_so_ckpt_set_overrides_them():
@@ -26,7 +26,7 @@ def test_light_encoders_build_a_full_size_dit_config():
     from verl_omni.models.wnm import WNMConfig
 
     bench = load_script("bench_trainer")
-    maker = load_script_at("tools/checkpoint/make_tiny_wnm_checkpoint.py")
+    maker = load_script("tools/checkpoint/make_tiny_wnm_checkpoint.py")
     overrides = maker.parse_overrides(list(bench.checkpoint_overrides(True, [])))
     assert overrides == {
         "text_encoder_kind": "builtin",
@@ -40,12 +40,3 @@ def test_light_encoders_build_a_full_size_dit_config():
     dit = ("num_layers", "num_heads", "head_dim", "ffn_dim")
     assert [getattr(cfg, f) for f in dit] == [getattr(full, f) for f in dit] == [30, 12, 128, 8960]
     assert (cfg.image_tokens, cfg.geometry_frames, cfg.vae_kind) == (256, 4, "tiny")
-
-
-def load_script_at(rel: str):
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location(rel.rsplit("/", 1)[-1][:-3], REPO / rel)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
