@@ -72,8 +72,10 @@ def main(argv: list[str] | None = None) -> int:
     from verl_omni.utils.reward_score.ranking import (
         POLICIES,
         format_metrics_table,
+        format_order_by_distance,
         format_table,
         load_query_states,
+        order_by_distance,
         rank_policies,
     )
 
@@ -86,6 +88,7 @@ def main(argv: list[str] | None = None) -> int:
         states = load_query_states(collection)
         table = rank_policies(build_reward_set(reward_cfg), states, POLICIES, args.heading_noise_rad, args.noise_seed)
         preference = short_stop_table(reward_cfg, states, args)
+        by_distance = order_by_distance(build_reward_set(reward_cfg), states, args.heading_noise_rad, args.noise_seed)
     print(f"{states.size} query states; reward set from {args.config.name}; mean reward per rollout\n")
     print(format_table(table))
     print("\nThe evaluator's metrics of the same windows (verl_omni.sim.eval_metrics; the window ends at E):\n")
@@ -102,6 +105,12 @@ def main(argv: list[str] | None = None) -> int:
     for charge in (False, True):
         cells = [f"{f:.0%} (gap {g:+.2f})" for f, g in preference[charge]]
         print(f"| {str(charge).lower()} | " + " | ".join(cells) + " |")
+    print(
+        "\nWhere STOP at once is premature (the expert drives >= 2 steps), by the query state's geodesic distance "
+        "beyond the\nsuccess radius: mean summed reward, and the share of states where STOP at once scores above "
+        "standing still\n(the evaluator: never; a STOP ends the episode in failure) and above the noisy imitator\n"
+    )
+    print(format_order_by_distance(by_distance))
     totals = [table[p]["total"] for p in POLICIES]
     ordered = all(a > b for a, b in zip(totals, totals[1:]))
     print(f"\nsummed reward orders {' > '.join(POLICIES)}: {'yes' if ordered else 'NO'}")

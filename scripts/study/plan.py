@@ -48,6 +48,17 @@ EXTRA_ARMS: tuple[Arm, ...] = (
         "recipe without charge_stop_chunk (a short STOP's chunk scored on its driven steps only)",
         {"reward.reward_set.rewards.navigation.charge_stop_chunk": False},
     ),
+    # A candidate, not the recipe: every premature STOP charged the missed-STOP penalty before its distance term
+    # (verl_omni.utils.reward_score.stop, premature_base), so that near the goal a STOP no longer out-scores
+    # standing still in the summed reward. Enters the recipe only with a closed-loop comparison.
+    Arm(
+        "cand_premature_base",
+        "recipe + premature STOP charged 1.0 + 0.5 m^-1 x distance (cap 3.0)",
+        {
+            "reward.reward_set.rewards.stop.premature_base": 1.0,
+            "reward.reward_set.rewards.stop.premature_cap": 3.0,
+        },
+    ),
 )
 ARM_BY_NAME = {a.name: a for a in (*ARMS, *EXTRA_ARMS)}
 

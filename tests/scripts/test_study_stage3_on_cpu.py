@@ -188,6 +188,13 @@ def test_plan_runs_and_trainer_config_ablation_switches(tmp_path):
     assert extra_cfg["reward"]["reward_set"]["rewards"]["navigation"]["charge_stop_chunk"] is False
     assert main["reward"]["reward_set"]["rewards"]["navigation"]["charge_stop_chunk"] is True  # the recipe's
     trainer_config_from_dict(extra_cfg)
+    # The premature-STOP candidate changes the stop reward's base and cap only; the recipe keeps base 0.
+    (cand,) = plan.plan_runs(settings, ("cand_premature_base",))
+    cand_cfg = plan.trainer_config(cand, settings, ws, tmp_path / cand.name, locked)
+    stop = cand_cfg["reward"]["reward_set"]["rewards"]["stop"]
+    assert (stop["premature_base"], stop["premature_cap"]) == (1.0, 3.0)
+    assert "premature_base" not in main["reward"]["reward_set"]["rewards"]["stop"]
+    trainer_config_from_dict(cand_cfg)
     with pytest.raises(ValueError, match="unknown arm"):
         plan.plan_runs(settings, ("nope",))
     with pytest.raises(ValueError, match="StudySettings.lr"):

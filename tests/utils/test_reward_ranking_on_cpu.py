@@ -36,15 +36,20 @@ LOCKED = REPO / "recipes" / "wnm_3d" / "stage3" / "config" / "locked.yaml"
 
 
 @pytest.fixture(scope="module")
-def scored(tmp_path_factory):
+def locked_cfg_and_states(tmp_path_factory):
+    """The locked reward-set config (pointing at the collection's scenes) and the collection's query states."""
     collection, occupancy = synthesize_collection(
         tmp_path_factory.mktemp("ranking"), num_scenes=3, episodes_per_scene=3
     )
     cfg = dict(yaml.safe_load(LOCKED.read_text())["reward"]["reward_set"])
     cfg["occupancy_root"] = str(occupancy)
-    reward_set = build_reward_set(cfg)
-    states = load_query_states(collection)
-    return reward_set, states
+    return cfg, load_query_states(collection)
+
+
+@pytest.fixture(scope="module")
+def scored(locked_cfg_and_states):
+    cfg, states = locked_cfg_and_states
+    return build_reward_set(cfg), states
 
 
 def test_mean_summed_reward_orders_expert_noisy_still_stop(scored):
@@ -171,3 +176,31 @@ def test_charge_stop_chunk_stops_crediting_a_short_stops_motion_on_real_query_st
         assert helper["states"] == keep.sum() and helper["fraction"] == fractions[charge]
         assert helper["mean_gap"] == pytest.approx(float(np.mean(nav_short - nav_drive)), rel=1e-9)
     assert fractions[False] > 0.5 > fractions[True], fractions
+
+
+def test_order_by_distance_near_the_goal(locked_cfg_and_states):
+    """Band by band, where STOP at once is premature. The STOP's own layer always ranks it below standing still.
+    In the summed reward, near the goal the recipe lets a STOP out-score standing still in many states (the
+    evaluator: in none); charging every premature STOP the missed-STOP penalty first (premature_base) cuts that
+    share in every band and restores the evaluator's order of the band means wherever a band holds enough states."""
+    from verl_omni.utils.reward_score.ranking import PREMATURE_BANDS, order_by_distance
+
+    cfg, states = locked_cfg_and_states
+    recipe = order_by_distance(build_reward_set(cfg), states)
+    assert [(r["lo"], r["hi"]) for r in recipe] == list(PREMATURE_BANDS)
+    assert all(r["states"] > 0 for r in recipe) and sum(r["states"] for r in recipe) <= states.size
+    assert all(r["stop_1_over_stand_still"] == 0.0 for r in recipe)
+    stop = {**cfg["rewards"]["stop"], "premature_base": 1.0, "premature_cap": 3.0}
+    based = order_by_distance(build_reward_set({**cfg, "rewards": {**cfg["rewards"], "stop": stop}}), states)
+
+    def near_share(rows):  # STOP over stand still, pooled over the bands within 1.5 m of the radius
+        near = [r for r in rows if r["hi"] <= 1.5]
+        return sum(r["stop_over_stand_still"] * r["states"] for r in near) / sum(r["states"] for r in near)
+
+    assert near_share(recipe) > 0.3  # the recipe's near-goal misranking shows on these states too
+    assert near_share(based) < near_share(recipe) / 2
+    for a, b in zip(recipe, based, strict=True):
+        assert b["stop_over_stand_still"] <= a["stop_over_stand_still"]
+        if b["states"] >= 15:
+            means = [b[p] for p in POLICIES]
+            assert means == sorted(means, reverse=True), b

@@ -45,6 +45,18 @@ def test_premature_stop_cap_is_respected():
     np.testing.assert_allclose(out.scores["stop_1"], [-0.5, -1.0, -1.0], atol=1e-5)
 
 
+def test_premature_base_charges_every_premature_stop_before_the_distance_term():
+    rs = make_reward_set({"room": ROOM}, {"stop": {**STOP, "premature_base": 1.5, "premature_cap": 3.0}})
+    out = rs.score(_stop_immediately_at([60, 54, 50, 35, 10]))
+    # At the goal: success, no charge. 0.6 m: 1.5 + 0.3; 1.0 m: 1.5 + 0.5; 2.5 m: 1.5 + 1.25; 5.0 m: 4.0 -> 3.0.
+    np.testing.assert_allclose(out.scores["stop_1"], [1.0, -1.8, -2.0, -2.75, -3.0], atol=1e-5)
+    # Just outside the radius, a STOP now costs more than the required STOP it would otherwise miss (1.5): the
+    # evaluator ends the episode at a STOP, while a missed one can still be made at the next call.
+    assert -out.scores["stop_1"][1] > STOP["missed_stop_penalty"]
+    with pytest.raises(ValueError, match="premature_base"):
+        make_reward_set({"room": ROOM}, {"stop": {**STOP, "premature_base": -0.1}})
+
+
 def test_stop_is_credited_to_its_chunk_and_near_goal_continuation_adds_penalty():
     rs = make_reward_set({"room": ROOM}, {"stop": STOP})
     # Drive 20 steps of 0.1 m from column 30, STOP at step 20 (chunk 3) at column 50: 1.0 m from the goal.

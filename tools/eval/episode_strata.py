@@ -102,7 +102,7 @@ def main(argv=None) -> int:
 
         from verl_omni.sim.collector import CollectorConfig, SceneError
         from verl_omni.sim.episode_strata import STRATA, episode_strata, stratified_rates
-        from verl_omni.sim.heldout import sample_episode_specs, synthesize_heldout_scenes
+        from verl_omni.sim.heldout import draw_heldout_episodes
         from verl_omni.sim.levels import get_level
 
         try:
@@ -111,8 +111,7 @@ def main(argv=None) -> int:
             raise CliError(f"--level {args.level}: {e}") from e
         task = CollectorConfig(min_goal_distance_m=level.min_goal_distance_m, goal_point=args.goal_point)
         try:
-            plans = synthesize_heldout_scenes(args.synthesize, args.seed, level.floorplan(), task=task)
-            specs = sample_episode_specs(plans, args.episodes, args.seed, task)
+            plans, specs = draw_heldout_episodes(args.synthesize, args.episodes, args.seed, level.floorplan(), task)
         except (SceneError, ValueError) as e:
             raise CliError(f"cannot draw the episodes again: {e}") from e
         drawn = {s.episode_id: s for s in specs}

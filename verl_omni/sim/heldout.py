@@ -157,3 +157,22 @@ def sample_episode_specs(
             )
         )
     return specs
+
+
+def draw_heldout_episodes(
+    scenes: int, episodes: int, seed: int, floorplan: FloorPlanConfig, task: CollectorConfig
+) -> tuple[list[FloorPlan], list[EpisodeSpec]]:
+    """The held-out scenes and episodes of one seed, as the closed-loop evaluator draws them with ``--synthesize``.
+
+    Args:
+        scenes: Scenes to synthesize.
+        episodes: Episodes in total, round-robin over the scenes.
+        seed: Held-out seed (scenes, episodes and noise).
+        floorplan: The task level's floor plans.
+        task: The episodes' sampling settings (goal rule, success radius, minimum goal distance).
+
+    Raises:
+        SceneError: a scene cannot be built or cannot host an episode.
+    """
+    plans = synthesize_heldout_scenes(scenes, seed, floorplan, task=task)
+    return plans, sample_episode_specs(plans, episodes, seed, task)

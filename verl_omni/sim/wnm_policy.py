@@ -57,6 +57,8 @@ class WNMPolicy:
         self.stop_votes = stop_votes
         self.stop_gate = stop_gate
         self._notes: list[dict | None] | None = None
+        self._gate_view: list[dict] | None = None
+        self._chosen: np.ndarray | None = None
         if stop_gate is not None:
             stop_gate.head.to(model.device)
 
@@ -132,6 +134,7 @@ class WNMPolicy:
         results = self.backend.generate(requests, contexts, ode=True)
         actions = results.actions.double().numpy().reshape(self.stop_votes, len(queries), *results.actions.shape[1:])
         chosen = vote_stop(actions)
+        self._chosen = chosen
         if self.stop_gate is None:
             return chosen
         from verl_omni.models.wnm.stop_gate import gate_stop, stop_allowed
@@ -142,12 +145,44 @@ class WNMPolicy:
         view = self.stop_gate.predict(self.model.transformer, contexts, seeds)
         allowed = stop_allowed(view, self.stop_gate.stop_distance_m).cpu().numpy()
         self._notes = gate_notes(chosen, view, allowed, self.stop_gate.within_steps)
+        self._gate_view = gate_answers(view, allowed)
         return gate_stop(np.concatenate([chosen[None], actions[1:]]), allowed, self.stop_gate.within_steps)
 
     def call_notes(self) -> list[dict | None] | None:
         """Per query of the last call, where the chosen chunk asked for a STOP the gate decided on: what the gate saw
         (:func:`gate_notes`); None without a gate."""
         return self._notes
+
+    def last_chosen(self) -> np.ndarray | None:
+        """``float64 [B, S, 4]``: the chunk each query of the last call chose before the STOP gate (after any
+        vote); None before the first call."""
+        return self._chosen
+
+    def last_gate_view(self) -> list[dict] | None:
+        """Per query of the last call, what the STOP gate saw, whether or not a STOP was asked (:func:`gate_answers`);
+        None without a gate."""
+        return self._gate_view
+
+
+def gate_answers(view, allowed: np.ndarray) -> list[dict]:
+    """The gate head's answer for every query: ``{"gate_visible_logit", "gate_distance_m", "stop_allowed"}``.
+
+    Args:
+        view: ``[B, 4]`` the head's prediction (visibility logit first, scaled distance last).
+        allowed: ``bool [B]`` :func:`~verl_omni.models.wnm.stop_gate.stop_allowed` of each query.
+    """
+    from verl_omni.models.wnm.stop_gate import predicted_distance_m
+
+    view = view.detach().float().cpu().numpy()
+    distance_m = predicted_distance_m(view)
+    return [
+        {
+            "gate_visible_logit": float(view[b, 0]),
+            "gate_distance_m": float(distance_m[b]),
+            "stop_allowed": bool(allowed[b]),
+        }
+        for b in range(view.shape[0])
+    ]
 
 
 def gate_notes(chosen: np.ndarray, view, allowed: np.ndarray, within_steps: int | None) -> list[dict | None]:

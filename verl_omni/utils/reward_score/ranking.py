@@ -255,3 +255,70 @@ def short_stop_preference(
         "fraction": float(np.mean(gap > 1e-9)) if n else float("nan"),
         "mean_gap": float(np.mean(gap)) if n else float("nan"),
     }
+
+
+# Bands of the query state's geodesic distance beyond the success radius (metres) for order_by_distance: a STOP
+# there is premature. "Just short" is where Stage III's extra failures were (docs/results.md, session 17).
+PREMATURE_BANDS: tuple[tuple[float, float], ...] = ((0.0, 0.5), (0.5, 1.5), (1.5, float("inf")))
+
+
+def order_by_distance(
+    reward_set: RewardSet,
+    states: QueryStates,
+    heading_noise_rad: float = 0.25,
+    seed: int = 0,
+    bands: Sequence[tuple[float, float]] = PREMATURE_BANDS,
+    drive_steps: int = 2,
+) -> list[dict[str, float]]:
+    """Does the summed reward keep the evaluator's order where a STOP is premature, band by distance to the goal?
+
+    The mean over all states can hide a band: near the goal, a premature STOP forfeits little progress, and its
+    distance-scaled penalty is small, while standing still is charged the STOP it misses. The evaluator ranks
+    them the other way in every band (a STOP ends the episode in failure; standing still leaves it open).
+
+    Only states whose expert drives on for at least ``drive_steps`` steps and that lie outside the success
+    radius count (there, STOP at once is premature).
+
+    Returns:
+        One row per band: ``{"lo", "hi", "states", "<policy>": mean summed reward for each of :data:`POLICIES`,
+        "stop_over_stand_still", "stop_over_noisy_imitator": share of states where STOP at once has the higher
+        summed reward, "stop_1_over_stand_still": the same on the layer the STOP is credited to}``.
+    """
+    totals, stop_1 = {}, {}
+    for name in POLICIES:
+        actions = policy_actions(states, name, heading_noise_rad, seed)
+        scores = score_policy(reward_set, states, actions)
+        totals[name] = np.sum([scores[layer] for layer in LAYER_NAMES], axis=0, dtype=np.float64)
+        stop_1[name] = np.asarray(scores["stop_1"], np.float64)
+    expert = policy_actions(states, "expert")
+    geometry = compute_geometry(query_batch(states, expert), reward_set.scene_cache, reward_set.geometry_config)
+    beyond = geometry.geodesic[:, 0] - states.success_radius
+    drives = states.reference_stop[:, :drive_steps].sum(axis=1) == 0
+    rows = []
+    for lo, hi in bands:
+        keep = drives & (beyond > lo) & (beyond <= hi)
+        row: dict[str, float] = {"lo": lo, "hi": hi, "states": float(keep.sum())}
+        for name in POLICIES:
+            row[name] = float(np.mean(totals[name][keep])) if keep.any() else float("nan")
+        for other in ("stand_still", "noisy_imitator"):
+            wins = totals["stop_at_once"][keep] > totals[other][keep]
+            row[f"stop_over_{other}"] = float(np.mean(wins)) if keep.any() else float("nan")
+        wins = stop_1["stop_at_once"][keep] > stop_1["stand_still"][keep]
+        row["stop_1_over_stand_still"] = float(np.mean(wins)) if keep.any() else float("nan")
+        rows.append(row)
+    return rows
+
+
+def format_order_by_distance(rows: Sequence[Mapping[str, float]]) -> str:
+    """Markdown table of :func:`order_by_distance`."""
+    head = "| distance beyond radius | states | " + " | ".join(POLICIES)
+    head += " | STOP over stand still | STOP over imitator | stop_1: STOP over stand still |"
+    lines = [head, "| --- |" + " --- |" * (len(POLICIES) + 4)]
+    for r in rows:
+        band = f"{r['lo']:g}..{r['hi']:g} m" if np.isfinite(r["hi"]) else f"> {r['lo']:g} m"
+        cells = [f"{r[p]:+.2f}" for p in POLICIES]
+        shares = [
+            f"{r[k]:.0%}" for k in ("stop_over_stand_still", "stop_over_noisy_imitator", "stop_1_over_stand_still")
+        ]
+        lines.append(f"| {band} | {int(r['states'])} | " + " | ".join(cells + shares) + " |")
+    return "\n".join(lines)

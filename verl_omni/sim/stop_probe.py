@@ -1,0 +1,270 @@
+"""Where along the expert's path does a checkpoint ask to STOP? A paired, state-matched STOP probe.
+
+Closed-loop numbers mix two things: which states a policy reaches, and what it does there. After Stage III, the
+premature STOPs just short of the goal grew (``docs/results.md``), and two explanations fit: the policy's own
+stop channel fires farther from the goal, or the STOP gate (a view head reading the DiT's features, which Stage
+III changes) lets more of those STOPs through. This probe separates them by asking every checkpoint the same
+questions in the same states: the map expert drives each episode (:class:`ShadowPolicy`), and at every call each
+checkpoint is shown the same history and instruction, with the same initial noise (the noise is keyed by
+episode, seed and call index, see :class:`~verl_omni.sim.wnm_policy.WNMPolicy`). Its answer never moves the
+robot. Per call it records:
+
+* ``asked``: the checkpoint's chosen chunk STOPs within the steps a call executes (the raw stop channel, before
+  the gate);
+* with a gate, what the gate saw (``gate_distance_m``, ``gate_visible_logit``) and whether it would let a STOP
+  through (``gate_allows``); ``ends_here`` = asked and allowed, i.e. the episode would end at this state;
+* the state's true geodesic distance to the goal (the evaluator's distance) and whether the expert STOPs there.
+
+:func:`summarise` groups calls by that distance (bands of :data:`DISTANCE_BANDS`, metres beyond the success
+radius) and gives each checkpoint's rates with Wilson intervals, and the paired difference of two checkpoints
+with a percentile interval from resampling *episodes* (calls of one episode are not independent).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from verl_omni.sim.closed_loop import PolicyQuery
+
+# Bands of (true geodesic distance - success radius), metres: at the goal, just short, near, far.
+DISTANCE_BANDS: tuple[tuple[float, float], ...] = ((-np.inf, 0.0), (0.0, 0.5), (0.5, 1.5), (1.5, np.inf))
+RATES: tuple[str, ...] = ("asked", "gate_allows", "ends_here")
+
+
+def band_label(lo: float, hi: float) -> str:
+    """``"<= rho"``, ``"rho+0.0..0.5 m"``, ``"> rho+1.5 m"`` style labels of a band of distance beyond the radius."""
+    if not np.isfinite(lo):
+        return f"<= rho+{hi:g} m" if hi else "<= rho (at the goal)"
+    if not np.isfinite(hi):
+        return f"> rho+{lo:g} m"
+    return f"rho+{lo:g}..{hi:g} m"
+
+
+@dataclass
+class ProbeCall:
+    """One shadow answer: a checkpoint's view of one state the expert reached.
+
+    Attributes:
+        checkpoint: Label of the shadow checkpoint.
+        episode_id: Episode.
+        call: 0-based call index within the episode.
+        geodesic_m: True geodesic distance from the state to the goal (metres).
+        success_radius: The episode's success radius (metres).
+        expert_stops: The expert STOPs within this call's executed steps.
+        asked: The checkpoint's chosen chunk STOPs within the executed steps (before any gate).
+        gate_allows: The gate would let a STOP through here (None without a gate).
+        gate_distance_m: The gate's predicted distance to the named object (None without a gate).
+        gate_visible_logit: The gate's visibility logit (None without a gate).
+    """
+
+    checkpoint: str
+    episode_id: str
+    call: int
+    geodesic_m: float
+    success_radius: float
+    expert_stops: bool
+    asked: bool
+    gate_allows: bool | None = None
+    gate_distance_m: float | None = None
+    gate_visible_logit: float | None = None
+
+    @property
+    def ends_here(self) -> bool:
+        """The episode would end here: a STOP asked and (with a gate) let through."""
+        return self.asked and self.gate_allows is not False
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "ends_here": self.ends_here}
+
+
+class ShadowPolicy:
+    """Drives with ``driver``; asks every shadow policy the same question and keeps their answers.
+
+    Args:
+        driver: The policy whose actions are executed (the map expert).
+        shadows: Label -> WNM policy; their answers are recorded, never executed.
+        occupancy: Scene id -> occupancy map (for the true geodesic distance of each state).
+        success_radius: Episode id -> success radius.
+        execute_steps: Steps a call executes (the window in which a STOP counts as asked).
+    """
+
+    def __init__(self, driver, shadows: Mapping, occupancy: Mapping, success_radius: Mapping, execute_steps: int):
+        if not shadows:
+            raise ValueError("ShadowPolicy: no shadow policies to probe")
+        sizes = {tuple(p.image_size) for p in shadows.values()} | {tuple(driver.image_size)}
+        if len(sizes) != 1:
+            raise ValueError(f"ShadowPolicy: the driver and the shadows expect different image sizes {sorted(sizes)}")
+        self.driver = driver
+        self.shadows = dict(shadows)
+        self.occupancy = occupancy
+        self.success_radius = success_radius
+        self.execute_steps = int(execute_steps)
+        self.image_size = tuple(driver.image_size)
+        self.history_frames = max(int(p.history_frames) for p in [driver, *self.shadows.values()])
+        self.calls: list[ProbeCall] = []
+
+    def act(self, history: np.ndarray, queries: Sequence[PolicyQuery]) -> np.ndarray:
+        """The driver's actions for ``uint8 [B, T, H, W, 3]`` histories; records each shadow's answer."""
+        actions = np.asarray(self.driver.act(history[:, -int(self.driver.history_frames) :], queries), np.float64)
+        expert_stops = (actions[:, : self.execute_steps, 3] > 0.5).any(axis=1)
+        geodesic = [
+            float(self.occupancy[q.scene_id].geodesic_at(np.asarray(q.goal), np.asarray(q.pose)[None, :2])[0])
+            for q in queries
+        ]
+        for label, shadow in self.shadows.items():
+            shadow.act(history[:, -int(shadow.history_frames) :], queries)
+            asked = self._asked(shadow, len(queries))
+            view = shadow.last_gate_view() if getattr(shadow, "stop_gate", None) is not None else None
+            for i, q in enumerate(queries):
+                seen = view[i] if view is not None else {}
+                self.calls.append(
+                    ProbeCall(
+                        checkpoint=label,
+                        episode_id=q.episode_id,
+                        call=q.call_index,
+                        geodesic_m=geodesic[i],
+                        success_radius=float(self.success_radius[q.episode_id]),
+                        expert_stops=bool(expert_stops[i]),
+                        asked=bool(asked[i]),
+                        gate_allows=seen.get("stop_allowed"),
+                        gate_distance_m=seen.get("gate_distance_m"),
+                        gate_visible_logit=seen.get("gate_visible_logit"),
+                    )
+                )
+        return actions
+
+    def _asked(self, shadow, n: int) -> np.ndarray:
+        """``bool [n]``: the shadow's chosen chunk (before the gate) STOPs within the executed steps."""
+        chosen = shadow.last_chosen()
+        if chosen is None or len(chosen) != n:
+            raise RuntimeError("ShadowPolicy: the shadow policy kept no chosen chunk for its last call")
+        return (np.asarray(chosen)[:, : self.execute_steps, 3] > 0.5).any(axis=1)
+
+
+def wilson_interval(successes: int, n: int, z: float = 1.959964) -> tuple[float, float]:
+    """95% Wilson score interval of a proportion (``(nan, nan)`` for ``n = 0``)."""
+    if n == 0:
+        return float("nan"), float("nan")
+    p = successes / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * np.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return max(0.0, float(centre - half)), min(1.0, float(centre + half))
+
+
+def _band_of(call: ProbeCall) -> int | None:
+    beyond = call.geodesic_m - call.success_radius
+    for k, (lo, hi) in enumerate(DISTANCE_BANDS):
+        if lo < beyond <= hi:
+            return k
+    return None
+
+
+def paired_episode_bootstrap(
+    a: np.ndarray, b: np.ndarray, episodes: np.ndarray, resamples: int = 2000, seed: int = 0
+) -> tuple[float, float, float]:
+    """Mean of ``a - b`` over paired calls and a 95% percentile interval from resampling whole episodes.
+
+    Hand-written rather than ``scipy.stats.bootstrap`` because the unit resampled is the episode (a cluster of
+    calls), which that function does not offer.
+
+    Args:
+        a, b: ``[n]`` 0/1 outcomes of the same calls under two checkpoints.
+        episodes: ``[n]`` episode id of each call.
+        resamples: Bootstrap resamples.
+        seed: Generator seed.
+
+    Returns:
+        ``(difference, lo, hi)``; NaNs when there are no calls.
+    """
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    if a.size == 0:
+        return float("nan"), float("nan"), float("nan")
+    ids, inverse = np.unique(np.asarray(episodes), return_inverse=True)
+    diff_sum = np.bincount(inverse, weights=a - b, minlength=len(ids))
+    count = np.bincount(inverse, minlength=len(ids)).astype(np.float64)
+    rng = np.random.default_rng(seed)
+    draws = rng.integers(0, len(ids), size=(resamples, len(ids)))
+    stats = diff_sum[draws].sum(axis=1) / count[draws].sum(axis=1)
+    lo, hi = np.percentile(stats, [2.5, 97.5])
+    return float(diff_sum.sum() / count.sum()), float(lo), float(hi)
+
+
+def summarise(calls: Sequence[ProbeCall], pair: tuple[str, str] | None = None) -> dict:
+    """Rates per checkpoint and distance band, and the paired difference of ``pair = (a, b)`` (a - b).
+
+    Returns:
+        ``{"bands": [label, ...], "checkpoints": {label: [{"calls", "expert_stops", rate: share, rate + "_ci":
+        [lo, hi], "gate_distance_m_mean", "geodesic_m_mean"} per band]}, "paired": {rate: [{"difference", "lo",
+        "hi", "calls"} per band]} or None}``. Gate rates are NaN for a checkpoint without a gate.
+    """
+    labels = list(dict.fromkeys(c.checkpoint for c in calls))
+    out: dict = {"bands": [band_label(lo, hi) for lo, hi in DISTANCE_BANDS], "checkpoints": {}, "paired": None}
+    for label in labels:
+        rows = []
+        mine = [c for c in calls if c.checkpoint == label]
+        for k in range(len(DISTANCE_BANDS)):
+            band = [c for c in mine if _band_of(c) == k]
+            row: dict = {
+                "calls": len(band),
+                "expert_stops": float(np.mean([c.expert_stops for c in band]) if band else np.nan),
+            }
+            for rate in RATES:
+                values = [getattr(c, rate) for c in band if rate != "gate_allows" or c.gate_allows is not None]
+                hits = int(np.sum(values)) if values else 0
+                row[rate] = hits / len(values) if values else float("nan")
+                row[f"{rate}_ci"] = list(wilson_interval(hits, len(values)))
+            gate_m = [c.gate_distance_m for c in band if c.gate_distance_m is not None]
+            row["gate_distance_m_mean"] = float(np.mean(gate_m)) if gate_m else float("nan")
+            row["geodesic_m_mean"] = float(np.mean([c.geodesic_m for c in band])) if band else float("nan")
+            rows.append(row)
+        out["checkpoints"][label] = rows
+    if pair is not None:
+        first, second = pair
+        by_key = {(c.checkpoint, c.episode_id, c.call): c for c in calls}
+        keys = [
+            (c.episode_id, c.call) for c in calls if c.checkpoint == first and (second, c.episode_id, c.call) in by_key
+        ]
+        paired: dict = {}
+        for rate in RATES:
+            rows = []
+            for k in range(len(DISTANCE_BANDS)):
+                mine = [key for key in keys if _band_of(by_key[(first, *key)]) == k]
+                a = np.array([bool(getattr(by_key[(first, *key)], rate)) for key in mine], dtype=np.float64)
+                b = np.array([bool(getattr(by_key[(second, *key)], rate)) for key in mine], dtype=np.float64)
+                diff, lo, hi = paired_episode_bootstrap(a, b, np.array([key[0] for key in mine]), seed=k)
+                rows.append({"difference": diff, "lo": lo, "hi": hi, "calls": len(mine)})
+            paired[rate] = rows
+        out["paired"] = {"a": first, "b": second, **paired}
+    return out
+
+
+def format_summary(summary: Mapping) -> str:
+    """Markdown tables of :func:`summarise`'s result."""
+    lines = []
+    for label, rows in summary["checkpoints"].items():
+        header = (
+            "| distance beyond radius | calls | expert STOPs | STOP asked | gate allows | episode would end "
+            "| gate's distance (m) | true geodesic (m) |"
+        )
+        lines += [f"\n{label}\n", header, "| --- |" + " --- |" * 7]
+        for name, r in zip(summary["bands"], rows, strict=True):
+            cells = [f"{r[rate]:.2f} [{r[f'{rate}_ci'][0]:.2f}, {r[f'{rate}_ci'][1]:.2f}]" for rate in RATES]
+            lines.append(
+                f"| {name} | {r['calls']} | {r['expert_stops']:.2f} | " + " | ".join(cells)
+                + f" | {r['gate_distance_m_mean']:.2f} | {r['geodesic_m_mean']:.2f} |"
+            )  # fmt: skip
+    paired = summary.get("paired")
+    if paired:
+        lines += [f"\npaired, {paired['a']} - {paired['b']} (same states, same noise; 95% interval over episodes)\n",
+                  "| distance beyond radius | calls | STOP asked | gate allows | episode would end |",
+                  "| --- | --- | --- | --- | --- |"]  # fmt: skip
+        for k, name in enumerate(summary["bands"]):
+            cells = [
+                f"{paired[rate][k]['difference']:+.3f} [{paired[rate][k]['lo']:+.3f}, {paired[rate][k]['hi']:+.3f}]"
+                for rate in RATES
+            ]
+            lines.append(f"| {name} | {paired['asked'][k]['calls']} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
