@@ -12,8 +12,8 @@ from verl_omni.sim.stop_probe import (
     ShadowPolicy,
     format_summary,
     paired_episode_bootstrap,
+    rate_interval,
     summarise,
-    wilson_interval,
 )
 
 RES, ROW_Y = 0.05, 1.125
@@ -106,13 +106,14 @@ def test_shadows_never_move_the_robot_and_answer_every_call():
     assert all(c.gate_distance_m == pytest.approx(0.0) for c in calls)
 
 
-def test_wilson_interval_by_hand():
+def test_rate_interval_is_wilson_by_hand():
     # 1 of 2: centre (0.5 + z^2/4) / (1 + z^2/2) = 0.5, half-width z sqrt(1/8 + z^2/16) / (1 + z^2/2) = 0.40551.
-    lo, hi = wilson_interval(1, 2)
+    lo, hi = rate_interval(1, 2)
     assert (lo, hi) == (pytest.approx(0.09453, abs=1e-5), pytest.approx(0.90547, abs=1e-5))
     # 0 of 10: from 0 to z^2 / (n + z^2) = 3.84146 / 13.84146.
-    assert wilson_interval(0, 10) == (0.0, pytest.approx(0.277533, abs=1e-6))
-    assert all(np.isnan(wilson_interval(0, 0)))
+    lo, hi = rate_interval(0, 10)
+    assert (lo, hi) == (pytest.approx(0.0, abs=1e-12), pytest.approx(0.277533, abs=1e-6))
+    assert all(np.isnan(rate_interval(0, 0)))
 
 
 def test_paired_bootstrap_resamples_episodes():

@@ -28,6 +28,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from verl_omni.sim.closed_loop import PolicyQuery
+from verl_omni.sim.eval_metrics import wilson_interval
 
 # Bands of (true geodesic distance - success radius), metres: at the goal, just short, near, far.
 DISTANCE_BANDS: tuple[tuple[float, float], ...] = ((-np.inf, 0.0), (0.0, 0.5), (0.5, 1.5), (1.5, np.inf))
@@ -144,14 +145,11 @@ class ShadowPolicy:
         return (np.asarray(chosen)[:, : self.execute_steps, 3] > 0.5).any(axis=1)
 
 
-def wilson_interval(successes: int, n: int, z: float = 1.959964) -> tuple[float, float]:
-    """95% Wilson score interval of a proportion (``(nan, nan)`` for ``n = 0``)."""
+def rate_interval(successes: int, n: int) -> tuple[float, float]:
+    """95% Wilson interval of a rate (:func:`~verl_omni.sim.eval_metrics.wilson_interval`); NaNs for ``n = 0``."""
     if n == 0:
         return float("nan"), float("nan")
-    p = successes / n
-    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
-    half = z * np.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
-    return max(0.0, float(centre - half)), min(1.0, float(centre + half))
+    return wilson_interval(successes, n)
 
 
 def _band_of(call: ProbeCall) -> int | None:
@@ -215,7 +213,7 @@ def summarise(calls: Sequence[ProbeCall], pair: tuple[str, str] | None = None) -
                 values = [getattr(c, rate) for c in band if rate != "gate_allows" or c.gate_allows is not None]
                 hits = int(np.sum(values)) if values else 0
                 row[rate] = hits / len(values) if values else float("nan")
-                row[f"{rate}_ci"] = list(wilson_interval(hits, len(values)))
+                row[f"{rate}_ci"] = list(rate_interval(hits, len(values)))
             gate_m = [c.gate_distance_m for c in band if c.gate_distance_m is not None]
             row["gate_distance_m_mean"] = float(np.mean(gate_m)) if gate_m else float("nan")
             row["geodesic_m_mean"] = float(np.mean([c.geodesic_m for c in band])) if band else float("nan")
