@@ -153,3 +153,57 @@ def test_summarise_by_hand():
     assert paired["ends_here"][2]["difference"] == 1.0  # 1.2 m: R1's gate refused, S3's let it through
     text = format_summary(s)
     assert "paired, S3 - R1" in text and "| rho+0..0.5 m | 2 |" in text
+
+
+class ScriptedShadow:
+    """A shadow whose chosen chunk is fixed: ``(dx, 0, 0, 0)`` every step (robot frame), never a STOP."""
+
+    image_size = (32, 32)
+    history_frames = 1
+
+    def __init__(self, dx: float):
+        self.dx = dx
+        self._chosen = None
+
+    def act(self, history, queries):
+        self._chosen = np.zeros((len(queries), 32, 4))
+        self._chosen[:, :, 0] = self.dx
+        return self._chosen
+
+    def last_chosen(self):
+        return self._chosen
+
+
+def test_motion_of_the_answers_by_hand():
+    # The expert drives +x along the free row from x = 0.525 to 3.025 (10 steps of 0.25 m, 3 executed per call).
+    plan = empty_room()
+    spec = EpisodeSpec("ep0", "empty", (0.525, ROW_Y, 0.0), (3.025, ROW_Y), "go to the chair", 0.5, 2.5, seed=0)
+    shadows = {"back": ScriptedShadow(-0.25), "ahead": ScriptedShadow(0.25)}
+    probe = ShadowPolicy(StraightDriver(), shadows, {"empty": plan.occupancy()}, {"ep0": 0.5}, 3, robot_radius=0.2)
+    run_closed_loop(probe, {"empty": plan}, [spec], ClosedLoopConfig(max_steps=16, execute_steps=3), progress=False)
+    back = [c for c in probe.calls if c.checkpoint == "back"]
+    ahead = [c for c in probe.calls if c.checkpoint == "ahead"]
+    # Call 0 at x = 0.525: backing up 0.25 m puts the disc's edge at 0.075 m, inside the wall (free from 0.1 m), so
+    # the first step is refused, and so are the next two: nothing travelled, no progress, a collision.
+    assert back[0].collides is True and back[0].moved_m == 0.0 and back[0].progress_m == pytest.approx(0.0)
+    # Call 1 at x = 1.275: three steps back reach 0.525, all free: 0.75 m travelled, 0.75 m further from the goal.
+    assert back[1].collides is False and back[1].moved_m == pytest.approx(0.75)
+    assert back[1].progress_m == pytest.approx(-0.75, abs=RES)
+    # Driving ahead from the same states makes the expert's progress, 0.75 m a call, until the goal's far side:
+    # from x = 2.775 (call 3) the 3 steps end at 3.525, 0.5 m past the goal, so progress is 0.25 - 0.5 = -0.25,
+    # while the expert takes the one 0.25 m step left and STOPs.
+    for c in ahead[:3]:
+        assert c.collides is False and c.moved_m == pytest.approx(0.75)
+        assert c.progress_m == pytest.approx(0.75, abs=RES) and c.expert_progress_m == pytest.approx(0.75, abs=RES)
+    assert ahead[3].progress_m == pytest.approx(-0.25, abs=RES) and ahead[3].expert_progress_m == pytest.approx(
+        0.25, abs=RES
+    )
+    s = summarise(probe.calls, ("ahead", "back"))
+    # Bands beyond the 0.5 m radius: call 3 (0.25 m left) is at the goal; call 0 (2.5 m) is 2.0 m beyond, the far
+    # band, alone; calls 1 and 2 (1.25 and 0.5 m beyond) fall in the two bands between.
+    rows = s["checkpoints"]["back"]
+    assert rows[0]["calls"] == rows[3]["calls"] == 1 and rows[1]["calls"] + rows[2]["calls"] == 2
+    assert s["checkpoints"]["back"][3]["collides"] == 1.0 and s["checkpoints"]["ahead"][3]["collides"] == 0.0
+    assert s["paired"]["collides"][3]["difference"] == -1.0
+    assert s["paired"]["moved_m"][3]["difference"] == pytest.approx(0.75)
+    assert "wall hit" in format_summary(s)

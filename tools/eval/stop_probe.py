@@ -5,7 +5,8 @@ The map expert drives held-out episodes; at every call each checkpoint is asked 
 history and instruction, with the same initial noise, and its answer is recorded but never executed
 (``verl_omni.sim.stop_probe``). The tables give, by true geodesic distance to the goal beyond the success radius,
 how often each checkpoint's chunk asks for a STOP within the executed steps, how often its STOP gate would let
-one through, and how often the episode would end there; with two checkpoints, their paired difference.
+one through, how often the episode would end there, and what its executed steps would do from there (a wall hit,
+metres moved, geodesic progress, beside the expert's); with two checkpoints, their paired difference.
 
     python tools/eval/stop_probe.py --checkpoint R1 STAGE3_EXPORT --stop-gate --level two_rooms \\
         --synthesize 40 --seed 2000 --episodes 40 --goal-point nearest --execute-steps 3 --output-dir OUT
@@ -111,6 +112,7 @@ def main(argv: list[str] | None = None) -> int:
         {sid: plan.occupancy() for sid, plan in plans.items()},
         {s.episode_id: s.success_radius for s in specs},
         args.execute_steps,
+        robot_radius=loop.robot_radius,
     )
     print(f"{len(specs)} episodes over {len(plans)} scenes; the expert drives, {', '.join(labels)} answer")
     results = run_closed_loop(probe, plans, specs, loop, progress=not args.no_progress, desc="expert path")

@@ -13,7 +13,13 @@ robot. Per call it records:
   the gate);
 * with a gate, what the gate saw (``gate_distance_m``, ``gate_visible_logit``) and whether it would let a STOP
   through (``gate_allows``); ``ends_here`` = asked and allowed, i.e. the episode would end at this state;
-* the state's true geodesic distance to the goal (the evaluator's distance) and whether the expert STOPs there.
+* the state's true geodesic distance to the goal (the evaluator's distance) and whether the expert STOPs there;
+* what the chosen chunk's executed steps would do from that pose, run through the evaluator's own stepping
+  (:func:`~verl_omni.sim.closed_loop.execute_actions`, same robot radius, up to a STOP): whether a step would be
+  blocked by a wall (``collides``), the metres it would travel (``moved_m``) and the geodesic progress it would
+  make (``progress_m``), beside the expert's own progress from the same state (``expert_progress_m``). Closed-loop
+  collisions can grow because a policy reaches harder states or because its actions hit walls more often from the
+  same states; these fields measure the second.
 
 :func:`summarise` groups calls by that distance (bands of :data:`DISTANCE_BANDS`, metres beyond the success
 radius) and gives each checkpoint's rates with Wilson intervals, and the paired difference of two checkpoints
@@ -27,12 +33,14 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from verl_omni.sim.closed_loop import PolicyQuery
+from verl_omni.sim.closed_loop import ROBOT_RADIUS_M, PolicyQuery, execute_actions
 from verl_omni.sim.eval_metrics import wilson_interval
 
 # Bands of (true geodesic distance - success radius), metres: at the goal, just short, near, far.
 DISTANCE_BANDS: tuple[tuple[float, float], ...] = ((-np.inf, 0.0), (0.0, 0.5), (0.5, 1.5), (1.5, np.inf))
-RATES: tuple[str, ...] = ("asked", "gate_allows", "ends_here")
+RATES: tuple[str, ...] = ("asked", "gate_allows", "ends_here", "collides")
+# Per-call amounts (metres) averaged per band and compared in pairs like the rates.
+AMOUNTS: tuple[str, ...] = ("moved_m", "progress_m")
 
 
 def band_label(lo: float, hi: float) -> str:
@@ -59,6 +67,10 @@ class ProbeCall:
         gate_allows: The gate would let a STOP through here (None without a gate).
         gate_distance_m: The gate's predicted distance to the named object (None without a gate).
         gate_visible_logit: The gate's visibility logit (None without a gate).
+        collides: A step of the chosen chunk's executed steps would be blocked by a wall (None: not simulated).
+        moved_m: Metres those steps would travel (None: not simulated).
+        progress_m: Geodesic distance to the goal now minus after those steps (None: not simulated).
+        expert_progress_m: The same for the expert's executed steps from this state (None: not simulated).
     """
 
     checkpoint: str
@@ -71,6 +83,10 @@ class ProbeCall:
     gate_allows: bool | None = None
     gate_distance_m: float | None = None
     gate_visible_logit: float | None = None
+    collides: bool | None = None
+    moved_m: float | None = None
+    progress_m: float | None = None
+    expert_progress_m: float | None = None
 
     @property
     def ends_here(self) -> bool:
@@ -90,9 +106,18 @@ class ShadowPolicy:
         occupancy: Scene id -> occupancy map (for the true geodesic distance of each state).
         success_radius: Episode id -> success radius.
         execute_steps: Steps a call executes (the window in which a STOP counts as asked).
+        robot_radius: Disc footprint radius (metres) of the simulated steps; the evaluator's by default.
     """
 
-    def __init__(self, driver, shadows: Mapping, occupancy: Mapping, success_radius: Mapping, execute_steps: int):
+    def __init__(
+        self,
+        driver,
+        shadows: Mapping,
+        occupancy: Mapping,
+        success_radius: Mapping,
+        execute_steps: int,
+        robot_radius: float = ROBOT_RADIUS_M,
+    ):
         if not shadows:
             raise ValueError("ShadowPolicy: no shadow policies to probe")
         sizes = {tuple(p.image_size) for p in shadows.values()} | {tuple(driver.image_size)}
@@ -103,6 +128,7 @@ class ShadowPolicy:
         self.occupancy = occupancy
         self.success_radius = success_radius
         self.execute_steps = int(execute_steps)
+        self.robot_radius = float(robot_radius)
         self.image_size = tuple(driver.image_size)
         self.history_frames = max(int(p.history_frames) for p in [driver, *self.shadows.values()])
         self.calls: list[ProbeCall] = []
@@ -111,16 +137,16 @@ class ShadowPolicy:
         """The driver's actions for ``uint8 [B, T, H, W, 3]`` histories; records each shadow's answer."""
         actions = np.asarray(self.driver.act(history[:, -int(self.driver.history_frames) :], queries), np.float64)
         expert_stops = (actions[:, : self.execute_steps, 3] > 0.5).any(axis=1)
-        geodesic = [
-            float(self.occupancy[q.scene_id].geodesic_at(np.asarray(q.goal), np.asarray(q.pose)[None, :2])[0])
-            for q in queries
-        ]
+        geodesic = [self._geodesic(q, np.asarray(q.pose)[:2]) for q in queries]
+        expert_motion = [self._motion(q, actions[i], geodesic[i]) for i, q in enumerate(queries)]
         for label, shadow in self.shadows.items():
             shadow.act(history[:, -int(shadow.history_frames) :], queries)
             asked = self._asked(shadow, len(queries))
+            chosen = np.asarray(shadow.last_chosen(), np.float64)
             view = shadow.last_gate_view() if getattr(shadow, "stop_gate", None) is not None else None
             for i, q in enumerate(queries):
                 seen = view[i] if view is not None else {}
+                collides, moved, progress = self._motion(q, chosen[i], geodesic[i])
                 self.calls.append(
                     ProbeCall(
                         checkpoint=label,
@@ -133,9 +159,30 @@ class ShadowPolicy:
                         gate_allows=seen.get("stop_allowed"),
                         gate_distance_m=seen.get("gate_distance_m"),
                         gate_visible_logit=seen.get("gate_visible_logit"),
+                        collides=collides,
+                        moved_m=moved,
+                        progress_m=progress,
+                        expert_progress_m=expert_motion[i][2],
                     )
                 )
         return actions
+
+    def _geodesic(self, query: PolicyQuery, xy: np.ndarray) -> float:
+        """True geodesic distance (metres) from ``xy`` to the query's goal in its scene."""
+        occupancy = self.occupancy[query.scene_id]
+        return float(occupancy.geodesic_at(np.asarray(query.goal), np.asarray(xy, np.float64)[None, :2])[0])
+
+    def _motion(self, query: PolicyQuery, chunk: np.ndarray, geodesic_now: float) -> tuple[bool, float, float]:
+        """``(collides, moved_m, progress_m)`` of ``chunk``'s executed steps from the query's pose.
+
+        Stepped by the evaluator's :func:`~verl_omni.sim.closed_loop.execute_actions` (walls refuse a translation
+        and keep the rotation; a STOP ends the steps), so a blocked step here is a collision there.
+        """
+        outcome = execute_actions(
+            self.occupancy[query.scene_id], np.asarray(query.pose), chunk[: self.execute_steps], self.robot_radius
+        )
+        end = outcome.poses[-1, :2] if len(outcome.poses) else np.asarray(query.pose)[:2]
+        return outcome.collisions > 0, float(outcome.path_length), geodesic_now - self._geodesic(query, end)
 
     def _asked(self, shadow, n: int) -> np.ndarray:
         """``bool [n]``: the shadow's chosen chunk (before the gate) STOPs within the executed steps."""
@@ -210,10 +257,13 @@ def summarise(calls: Sequence[ProbeCall], pair: tuple[str, str] | None = None) -
                 "expert_stops": float(np.mean([c.expert_stops for c in band]) if band else np.nan),
             }
             for rate in RATES:
-                values = [getattr(c, rate) for c in band if rate != "gate_allows" or c.gate_allows is not None]
+                values = [getattr(c, rate) for c in band if getattr(c, rate) is not None]
                 hits = int(np.sum(values)) if values else 0
                 row[rate] = hits / len(values) if values else float("nan")
                 row[f"{rate}_ci"] = list(rate_interval(hits, len(values)))
+            for amount in (*AMOUNTS, "expert_progress_m"):
+                values = [getattr(c, amount) for c in band if getattr(c, amount) is not None]
+                row[amount] = float(np.mean(values)) if values else float("nan")
             gate_m = [c.gate_distance_m for c in band if c.gate_distance_m is not None]
             row["gate_distance_m_mean"] = float(np.mean(gate_m)) if gate_m else float("nan")
             row["geodesic_m_mean"] = float(np.mean([c.geodesic_m for c in band])) if band else float("nan")
@@ -226,12 +276,18 @@ def summarise(calls: Sequence[ProbeCall], pair: tuple[str, str] | None = None) -
             (c.episode_id, c.call) for c in calls if c.checkpoint == first and (second, c.episode_id, c.call) in by_key
         ]
         paired: dict = {}
-        for rate in RATES:
+        for rate in (*RATES, *AMOUNTS):
             rows = []
             for k in range(len(DISTANCE_BANDS)):
-                mine = [key for key in keys if _band_of(by_key[(first, *key)]) == k]
-                a = np.array([bool(getattr(by_key[(first, *key)], rate)) for key in mine], dtype=np.float64)
-                b = np.array([bool(getattr(by_key[(second, *key)], rate)) for key in mine], dtype=np.float64)
+                mine = [
+                    key
+                    for key in keys
+                    if _band_of(by_key[(first, *key)]) == k
+                    and getattr(by_key[(first, *key)], rate) is not None
+                    and getattr(by_key[(second, *key)], rate) is not None
+                ]
+                a = np.array([float(getattr(by_key[(first, *key)], rate)) for key in mine], dtype=np.float64)
+                b = np.array([float(getattr(by_key[(second, *key)], rate)) for key in mine], dtype=np.float64)
                 diff, lo, hi = paired_episode_bootstrap(a, b, np.array([key[0] for key in mine]), seed=k)
                 rows.append({"difference": diff, "lo": lo, "hi": hi, "calls": len(mine)})
             paired[rate] = rows
@@ -240,29 +296,32 @@ def summarise(calls: Sequence[ProbeCall], pair: tuple[str, str] | None = None) -
 
 
 def format_summary(summary: Mapping) -> str:
-    """Markdown tables of :func:`summarise`'s result."""
+    """Markdown tables of :func:`summarise`'s result: per checkpoint, then the paired difference."""
     lines = []
     for label, rows in summary["checkpoints"].items():
         header = (
             "| distance beyond radius | calls | expert STOPs | STOP asked | gate allows | episode would end "
-            "| gate's distance (m) | true geodesic (m) |"
+            "| wall hit | moved (m) | progress (m) | expert's progress (m) | gate's distance (m) | true geodesic (m) |"
         )
-        lines += [f"\n{label}\n", header, "| --- |" + " --- |" * 7]
+        lines += [f"\n{label}\n", header, "| --- |" + " --- |" * 11]
         for name, r in zip(summary["bands"], rows, strict=True):
             cells = [f"{r[rate]:.2f} [{r[f'{rate}_ci'][0]:.2f}, {r[f'{rate}_ci'][1]:.2f}]" for rate in RATES]
+            amounts = [f"{r.get(a, float('nan')):.3f}" for a in (*AMOUNTS, "expert_progress_m")]
             lines.append(
-                f"| {name} | {r['calls']} | {r['expert_stops']:.2f} | " + " | ".join(cells)
+                f"| {name} | {r['calls']} | {r['expert_stops']:.2f} | " + " | ".join(cells + amounts)
                 + f" | {r['gate_distance_m_mean']:.2f} | {r['geodesic_m_mean']:.2f} |"
             )  # fmt: skip
     paired = summary.get("paired")
     if paired:
         lines += [f"\npaired, {paired['a']} - {paired['b']} (same states, same noise; 95% interval over episodes)\n",
-                  "| distance beyond radius | calls | STOP asked | gate allows | episode would end |",
-                  "| --- | --- | --- | --- | --- |"]  # fmt: skip
+                  "| distance beyond radius | calls | STOP asked | gate allows | episode would end | wall hit "
+                  "| moved (m) | progress (m) |",
+                  "| --- |" + " --- |" * 7]  # fmt: skip
         for k, name in enumerate(summary["bands"]):
             cells = [
                 f"{paired[rate][k]['difference']:+.3f} [{paired[rate][k]['lo']:+.3f}, {paired[rate][k]['hi']:+.3f}]"
-                for rate in RATES
+                for rate in (*RATES, *AMOUNTS)
+                if rate in paired
             ]
             lines.append(f"| {name} | {paired['asked'][k]['calls']} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
