@@ -12,14 +12,16 @@
 #      each evaluated with and without the STOP gate on the held-out episodes. Each DAgger round trains on the
 #      whole 800-scene round-0 collection plus its own rows (about 10% of the states): from scratch with
 #      ROUNDS=2 and --sft-autocast bfloat16 this gave SR 0.193 on the held-out two_rooms episodes in session 19
-#      (1,619 s on one H200), against 0.318 for the TWO_ROOMS_FROM round below (docs/results.md); one run each.
+#      (1,619 s on one H200), from a round 0 at 0.237 (evaluated in session 21), against 0.318 for the
+#      TWO_ROOMS_FROM round below in session 15 (docs/results.md).
 #
 # DAgger rounds from a carried checkpoint: with TWO_ROOMS_FROM=CKPT (a two_rooms round of an earlier run, e.g. one
 # brought back from a GPU machine that has since gone), steps 1-4 are replaced by one train_stage2.py run in
 # RUN_DIR/two_rooms_dagger whose round 0 is CKPT unchanged (--sft-steps 0) over a fresh REPLAY_SCENES-scene round-0
 # collection (400), and whose rounds 1..ROUNDS-1 are DAgger rounds driven from it that aggregate that collection
 # with their own (ROUNDS=2: one DAgger round, 739 s on one H200 in session 15, where it raised the two_rooms SR from
-# 0.220 to 0.318; docs/results.md).
+# 0.220 to 0.318; from session 19's round 0 in session 21 it lowered it from 0.237 to 0.158, so one DAgger round
+# spreads from -0.08 to +0.10 SR; docs/results.md).
 #
 # From a carried one_room checkpoint: with ONE_ROOM_FROM=CKPT (a one_room round 0 of an earlier run), steps 1 and 3
 # are skipped and the two_rooms collection is synthesized on all WORKERS before its rounds start from CKPT.

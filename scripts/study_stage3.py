@@ -247,6 +247,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         resume=args.resume,
         val_settings=val,
         select_by_validation=args.select_by_validation,
+        stop_grace_s=300.0 if args.cpu else 120.0,  # a CPU step takes minutes, a GPU step seconds
     )
     print(
         f"study: {len(configs)} runs ({', '.join(n for n, _ in configs)}), {settings.steps} steps each, "

@@ -6,9 +6,10 @@ stopped) and its own log. A run that fails does not stop the others. Per run the
 ``pending -> training -> exporting -> evaluating -> done`` (or ``failed`` with the reason); ``status.json``
 is rewritten atomically after every transition, so the results folder always describes what has completed.
 
-Two wall-clock guards keep the study inside a fixed budget: at ``train_deadline_s`` still-running trainings
-get SIGTERM (the trainer shuts Ray down on it) and the run continues from its last saved checkpoint; at
-``deadline_s`` everything still running is stopped and recorded as timed out.
+Two wall-clock guards keep the study inside a fixed budget: at ``train_deadline_s`` each still-running trainer's
+driver gets SIGTERM, finishes the step in progress, saves it as a checkpoint and shuts its Ray runtime down
+(killed with its process group if it has not ended ``stop_grace_s`` later), and the run continues from its last
+checkpoint; at ``deadline_s`` everything still running is stopped and recorded as timed out.
 """
 
 from __future__ import annotations
@@ -116,6 +117,18 @@ class Job:
             except ProcessLookupError:
                 pass
 
+    def request_stop(self) -> None:
+        """SIGTERM to the trainer's driver only: it finishes its step, saves a checkpoint and exits.
+
+        Not to the process group: that would take down the Ray workers the driver needs to write the checkpoint.
+        """
+        if self.proc is not None and self.poll() is None:
+            self.signalled = True
+            try:
+                self.proc.send_signal(signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+
     def kill(self) -> None:
         if self.proc is not None and self.poll() is None:
             try:
@@ -195,6 +208,8 @@ class StudyRunner:
         select_by_validation: Export and evaluate the checkpoint of each run with the best validation SR
             (``best_validated_step``) instead of its last one, once every checkpoint it saved is validated; its status
             records ``selected_step``. Model selection on the validation seed, never on the held-out one.
+        stop_grace_s: After the training guard asks a trainer to stop (it finishes its step and saves it), the
+            seconds it is given before its process group is killed; give it more than a step and a save take.
     """
 
     def __init__(
@@ -213,6 +228,7 @@ class StudyRunner:
         resume: bool = False,
         val_settings: EvalSettings | None = None,
         select_by_validation: bool = False,
+        stop_grace_s: float = 120.0,
     ) -> None:
         self.results = results
         self.ckpt = ckpt
@@ -220,6 +236,7 @@ class StudyRunner:
         self.eval_settings = eval_settings
         self.max_train, self.max_eval = max_train, max_eval
         self.train_deadline_s, self.deadline_s = train_deadline_s, deadline_s
+        self.stop_grace_s = float(stop_grace_s)
         self.threads = str(threads_per_job)
         self.configs = dict(runs)
         self.state: dict[str, dict] = {name: {"state": "pending"} for name, _ in runs}
@@ -432,11 +449,12 @@ class StudyRunner:
         if st["state"] == "training":
             if now - self.t0 > self.train_deadline_s and job.poll() is None:
                 if not job.signalled:
-                    # Once: a second SIGTERM would interrupt the trainer's own Ray shutdown.
+                    # Once: a second SIGTERM would stop the trainer without its checkpoint.
                     self._set(name, note=f"training stopped at the {self.train_deadline_s:.0f}s guard")
-                    job.terminate()
-                elif now - self.t0 > self.train_deadline_s + 30:
-                    job.kill()  # the trainer did not stop within 30 s of SIGTERM
+                    job.request_stop()
+                elif now - self.t0 > self.train_deadline_s + self.stop_grace_s:
+                    # The step in progress and its checkpoint did not finish in time: the newest periodic one is used.
+                    job.kill()
             rc = job.poll()
             if rc is None:
                 return

@@ -59,6 +59,9 @@ class Stage3Trainer:
         self.snapshot = config_snapshot or cfg.to_dict()
         self.timer = PhaseTimer()
         self._ray_started_here = False
+        self.stop_request = StopRequest()
+        self.handle_sigterm = False  # run() sets it: a SIGTERM then asks for a graceful stop
+        self.stopped_at: int | None = None  # the step a graceful stop ended the run after
 
     # ------------------------------------------------------------------------------------------ setup
     def _log(self, msg: str) -> None:
@@ -285,10 +288,11 @@ class Stage3Trainer:
         self._log(f"resumed from {ckpt} (step {step})")
         return step
 
-    def _save(self, step: int, metrics: dict) -> None:
+    def _save(self, step: int, metrics: dict) -> Path:
         with self.timer.phase("checkpoint"):
             final = self._write_checkpoint(step, metrics)
         self._log(f"checkpoint {final}")
+        return final
 
     def _write_checkpoint(self, step: int, metrics: dict) -> Path:
         part = checkpointing.begin(self.out, step)
@@ -356,6 +360,9 @@ class Stage3Trainer:
         self.step = 0
         self.nonfinite_total = 0
         self._init_ray()
+        if self.handle_sigterm:
+            # Again after ray.init: Ray's core worker installs its own SIGTERM handler, which aborts the driver.
+            install_stop_handler(self.stop_request)
         try:
             self._build_workers()
             start = self._restore()
@@ -383,8 +390,16 @@ class Stage3Trainer:
                     logger.close()
                     raise FloatingPointError("too many non-finite updates")
                 is_last = step == cfg.trainer.total_steps
-                if (cfg.trainer.save_freq and step % cfg.trainer.save_freq == 0) or is_last:
-                    self._save(step, last)
+                stopping = self.stop_request.requested and not is_last
+                if (cfg.trainer.save_freq and step % cfg.trainer.save_freq == 0) or is_last or stopping:
+                    saved = self._save(step, last)
+                if stopping:
+                    self.stopped_at = step
+                    self._log(
+                        f"stopped after step {step} of {cfg.trainer.total_steps} on signal {self.stop_request.signum}"
+                        f"; checkpoint {saved}; the same launch resumes from it"
+                    )
+                    break
                 self.hot_save.serve(step, self._write_hot_snapshot, (OSError, WorkerFailure), self._log)
             logger.close()
             self._print_timing_table()
@@ -506,18 +521,49 @@ class Stage3Trainer:
             ray.shutdown()
 
 
-def install_signal_handlers() -> None:
-    """SIGTERM behaves like Ctrl-C so that ``finally`` blocks shut Ray down cleanly."""
+EXIT_STOPPED = 143  # 128 + SIGTERM: stopped on request, with a checkpoint of the last finished step
 
-    def _raise(signum, frame):
-        raise KeyboardInterrupt(f"signal {signum}")
 
-    signal.signal(signal.SIGTERM, _raise)
+class StopRequest:
+    """Set by the first SIGTERM; the driver loop checks it at each step boundary (see :func:`install_stop_handler`).
+
+    Attributes:
+        signum: The signal that asked for the stop, or None while none has.
+    """
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+
+    @property
+    def requested(self) -> bool:
+        return self.signum is not None
+
+
+def install_stop_handler(stop: StopRequest) -> None:
+    """The first SIGTERM asks for a graceful stop; a second one interrupts at once, like Ctrl-C.
+
+    A graceful stop lets the step in progress finish, writes a checkpoint of it and exits with
+    :data:`EXIT_STOPPED`, so a scheduler's preemption (or a study's time guard) loses no finished step and the
+    same launch resumes from it. The interrupt path still runs the ``finally`` blocks that shut Ray down.
+    """
+
+    def _on_sigterm(signum, frame):
+        if stop.requested:
+            raise KeyboardInterrupt(f"signal {signum} (second)")
+        stop.signum = signum
+        print(
+            f"[stage3] signal {signum}: stopping after the current step with a checkpoint (send it again to stop "
+            "at once, without one)",
+            flush=True,
+        )
+
+    signal.signal(signal.SIGTERM, _on_sigterm)
 
 
 def run(cfg: Stage3Config, snapshot: dict | None = None) -> int:
-    install_signal_handlers()
     trainer = Stage3Trainer(cfg, snapshot)
+    trainer.handle_sigterm = True
+    install_stop_handler(trainer.stop_request)
     try:
         trainer.fit()
     except (ConfigError, checkpointing.ProvenanceError, checkpointing.CheckpointIntegrityError) as e:
@@ -527,7 +573,7 @@ def run(cfg: Stage3Config, snapshot: dict | None = None) -> int:
         return 3
     except FloatingPointError:
         return 4
-    return 0
+    return EXIT_STOPPED if trainer.stopped_at is not None else 0
 
 
 if __name__ == "__main__":  # pragma: no cover
