@@ -27,6 +27,8 @@ CLOSED_LOOP_METRICS: tuple[str, ...] = (
     "ne",
     "collisions",
     "collided",
+    "collision_events",
+    "longest_blocked_run",
     "premature_stop",
     "progress",
     "path_length",

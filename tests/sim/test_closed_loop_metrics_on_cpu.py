@@ -6,6 +6,7 @@ import pytest
 
 from verl_omni.sim.eval_metrics import (
     aggregate,
+    blocked_runs,
     format_estimate,
     mean_interval,
     paired_differences,
@@ -92,6 +93,30 @@ def test_aggregate_and_paired_differences():
     assert diff["ne"]["mean"] == pytest.approx((-0.1 - 2.6 + 0.0) / 3)
     with pytest.raises(ValueError, match="same episodes"):
         paired_differences(a, b[::-1])
+
+
+def test_blocked_runs_count_contacts_and_the_longest_push():
+    assert blocked_runs([]) == (0, 0)
+    assert blocked_runs([False, False]) == (0, 0)
+    # Runs: steps 1-3 (3 long), step 6 (1), steps 8-9 (2): three contacts, the longest 3 steps.
+    assert blocked_runs([0, 1, 1, 1, 0, 0, 1, 0, 1, 1]) == (3, 3)
+    assert blocked_runs([True] * 5) == (1, 5)
+
+
+def test_episode_metrics_carry_contacts_and_older_records_still_aggregate():
+    import numpy as np
+
+    from verl_omni.sim.closed_loop import EpisodeResult
+
+    blocked = np.array([0, 1, 1, 0, 1, 1, 1, 1], bool)  # 6 blocked steps in 2 contacts, the longest 4
+    r = EpisodeResult("e", "s", False, False, 0.0, 1.0, int(blocked.sum()), True, 1.0, 8, 3, "max_steps",
+                      np.zeros((9, 3)), np.zeros((8, 4)), blocked, np.ones(9))  # fmt: skip
+    m = r.metrics()
+    assert (m["collisions"], m["collision_events"], m["longest_blocked_run"]) == (6, 2, 4)
+    agg = aggregate([m, {**m, "collision_events": 0, "longest_blocked_run": 0}])
+    assert agg["collision_events"]["mean"] == 1.0 and agg["longest_blocked_run"]["mean"] == 2.0
+    older = {k: v for k, v in m.items() if k not in ("collision_events", "longest_blocked_run")}
+    assert "collision_events" not in aggregate([older, m]) and aggregate([older])["collisions"]["mean"] == 6.0
 
 
 def test_format_estimate():

@@ -310,6 +310,8 @@ def _summary_table(runs: list[tuple[str, dict]], paired: dict | None) -> str:
         "ne",
         "collisions",
         "collided",
+        "collision_events",
+        "longest_blocked_run",
         "premature_stop",
         "progress",
         "path_length",

@@ -35,7 +35,7 @@ import numpy as np
 from verl_omni.data.actions import integrate_actions
 from verl_omni.data.convert import history_indices
 from verl_omni.data.occupancy import ROBOT_RADIUS_M, OccupancyMap
-from verl_omni.sim.eval_metrics import spl
+from verl_omni.sim.eval_metrics import blocked_runs, spl
 from verl_omni.sim.floorplan import FloorPlan
 from verl_omni.sim.render import CameraConfig, Renderer
 
@@ -290,7 +290,8 @@ class EpisodeResult:
 
     Attributes:
         episode_id / scene_id: From the spec.
-        success / oracle_success / spl / ne / collisions / collided: Metrics (``verl_omni.sim.eval_metrics``).
+        success / oracle_success / spl / ne / collisions / collided: Metrics (``verl_omni.sim.eval_metrics``;
+            ``metrics()`` adds the contact counts derived from ``blocked``).
         path_length: Metres travelled.
         steps: Motion steps executed.
         policy_calls: Policy calls made.
@@ -334,6 +335,7 @@ class EpisodeResult:
             "ne": float(self.ne),
             "collisions": int(self.collisions),
             "collided": bool(self.collided),
+            **dict(zip(("collision_events", "longest_blocked_run"), blocked_runs(self.blocked), strict=True)),
             "path_length": float(self.path_length),
             "steps": int(self.steps),
             "policy_calls": int(self.policy_calls),

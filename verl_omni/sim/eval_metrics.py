@@ -8,6 +8,9 @@ Per episode (computed by :mod:`verl_omni.sim.closed_loop`):
   and ``p`` the length the robot actually travelled;
 * ``ne``: navigation error, the geodesic distance to the goal where the episode ended (metres);
 * ``collisions``: action steps whose swept footprint hit occupied space; ``collided``: at least one;
+  ``collision_events``: maximal runs of consecutive blocked steps (one contact, however long the robot pushes on);
+  ``longest_blocked_run``: the longest such run. A policy that keeps driving into a wall it touched raises
+  ``collisions`` without raising ``collision_events``, so the two together tell contacts from pushing;
 * ``premature_stop``: the episode ended by a STOP outside the success radius (the failure the STOP reward's
   premature term and forfeit target);
 * ``path_length``: metres actually travelled; ``progress``: geodesic metres gained from start to end.
@@ -25,10 +28,19 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 PROPORTION_METRICS: tuple[str, ...] = ("success", "oracle_success", "collided", "premature_stop")
-MEAN_METRICS: tuple[str, ...] = ("spl", "ne", "collisions", "path_length", "steps", "progress")
+MEAN_METRICS: tuple[str, ...] = (
+    "spl",
+    "ne",
+    "collisions",
+    "collision_events",
+    "longest_blocked_run",
+    "path_length",
+    "steps",
+    "progress",
+)
 # Added after the first reports were written: an episode record without them (an older report, a hand-made
 # record) is still aggregated, without these metrics; premature_stop is derived from end_reason when it can be.
-OPTIONAL_METRICS: tuple[str, ...] = ("premature_stop", "progress")
+OPTIONAL_METRICS: tuple[str, ...] = ("premature_stop", "progress", "collision_events", "longest_blocked_run")
 METRIC_LABELS: dict[str, str] = {
     "success": "SR",
     "oracle_success": "OSR",
@@ -36,6 +48,8 @@ METRIC_LABELS: dict[str, str] = {
     "ne": "NE (m)",
     "collisions": "collisions/ep",
     "collided": "episodes w/ collision",
+    "collision_events": "collision events/ep",
+    "longest_blocked_run": "longest blocked run",
     "path_length": "path length (m)",
     "steps": "steps",
     "premature_stop": "premature STOP",
@@ -59,6 +73,16 @@ def spl(success: bool, shortest_path_m: float, path_length_m: float) -> float:
             f"spl: needs shortest_path_m > 0 and path_length_m >= 0, got {shortest_path_m}, {path_length_m}"
         )
     return float(shortest_path_m / max(path_length_m, shortest_path_m)) if success else 0.0
+
+
+def blocked_runs(blocked: Sequence[bool]) -> tuple[int, int]:
+    """Contacts in an episode's ``bool [steps]`` blocked flags: ``(runs of consecutive blocked steps, longest)``."""
+    flags = np.asarray(blocked, bool).astype(np.int8).ravel()
+    if not flags.any():
+        return 0, 0
+    edges = np.diff(np.concatenate(([0], flags, [0])))
+    lengths = np.flatnonzero(edges == -1) - np.flatnonzero(edges == 1)
+    return int(lengths.size), int(lengths.max())
 
 
 def wilson_interval(successes: int, n: int, confidence: float = 0.95) -> tuple[float, float]:
