@@ -42,6 +42,8 @@ HIGHER_IS_BETTER: dict[str, bool | None] = {
     "ne": False,
     "collisions": False,
     "collided": False,
+    "collision_events": False,
+    "longest_blocked_run": False,
     "premature_stop": False,
     "progress": True,
     "path_length": None,
