@@ -290,7 +290,14 @@ class StudyRunner:
             f"train:{name}",
             self._python("-m", "verl_omni.trainer.main_stage3", "--config-path", str(cfg_dir), "--config-name", "run"),
             run_dir / "train.log",
-            env={"WAM_RAY_TMPDIR": str(ray_tmp), "WAM_RAY_NAMESPACE": f"study_{name}", "OMP_NUM_THREADS": self.threads},
+            env={
+                "WAM_RAY_TMPDIR": str(ray_tmp),
+                "WAM_RAY_NAMESPACE": f"study_{name}",
+                "OMP_NUM_THREADS": self.threads,
+                # The trainings run side by side, each with its own Ray runtime: cap each object store (a
+                # step's batch is a few MB) instead of Ray's default 30% of the host's memory per runtime.
+                "WAM_RAY_OBJECT_STORE_GB": os.environ.get("WAM_RAY_OBJECT_STORE_GB", "4"),
+            },
         )
         job.start()
         self.jobs[name] = job

@@ -15,39 +15,15 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from verl_omni.sim.eval_metrics import PROPORTION_METRICS
+from verl_omni.sim.eval_metrics import HIGHER_IS_BETTER, PROPORTION_METRICS, SUMMARY_METRICS
 
-# Closed-loop metrics the study reports, in table order, with the direction that counts as better (None: neither;
-# path length is reported beside SR as a sign of reward gaming, not as a goal). The last three are the gaming signs
-# (premature STOP, standing still, wandering); reports written before the evaluator recorded them lack them.
-CLOSED_LOOP_METRICS: tuple[str, ...] = (
-    "success",
-    "spl",
-    "oracle_success",
-    "ne",
-    "collisions",
-    "collided",
-    "collision_events",
-    "longest_blocked_run",
-    "premature_stop",
-    "progress",
-    "path_length",
-)
+# Closed-loop metrics the study reports, in table order, and the direction that counts as better (None: neither;
+# path length is reported beside SR as a sign of reward gaming, not as a goal), both from the evaluator's registry
+# (verl_omni.sim.eval_metrics.METRICS). The last three are the gaming signs (premature STOP, standing still,
+# wandering); reports written before the evaluator recorded them lack them.
+CLOSED_LOOP_METRICS: tuple[str, ...] = SUMMARY_METRICS
 # Rates (Wilson intervals) are the evaluator's own proportion metrics.
 BINARY_METRICS: tuple[str, ...] = PROPORTION_METRICS
-HIGHER_IS_BETTER: dict[str, bool | None] = {
-    "success": True,
-    "spl": True,
-    "oracle_success": True,
-    "ne": False,
-    "collisions": False,
-    "collided": False,
-    "collision_events": False,
-    "longest_blocked_run": False,
-    "premature_stop": False,
-    "progress": True,
-    "path_length": None,
-}
 
 
 def trailing_mean(values: Sequence[float], window: int) -> np.ndarray:

@@ -9,16 +9,20 @@ dir).
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import re
+import signal
 import socket
 import subprocess
+import time
 import uuid
 from pathlib import Path
 
 import pytest
 from recipe_test_helpers import REPO, clean_environ, run_script, write_paths_env
 
+from verl_omni.trainer import checkpointing
 from verl_omni.trainer.launch_env import processes_mentioning, ray_core_processes, terminate
 
 TOKEN = "STAGE3_CONFIG_CONTRACT_OK"
@@ -177,3 +181,49 @@ def test_two_node_loopback_cluster_trains_one_step(stage3_workspace, tmp_path):
     assert re.search(r"\(ActorRolloutWorker pid=\d+, ip=127\.0\.0\.2\)", head_log), head_log[-3000:]
     assert (out_dir / "latest_checkpointed_iteration.txt").read_text().strip() == "1"
     assert "Ray head" in node1_log and "is gone" in node1_log
+
+
+@needs_driver
+@pytest.mark.timeout(900)
+def test_sigterm_to_launch_sh_reaches_the_driver_which_saves_its_step(stage3_workspace, tmp_path):
+    # A scheduler's preemption signals launch.sh, not the driver. No periodic checkpoint (save freq 0): only a
+    # signal passed on to the driver can leave one.
+    out_dir = tmp_path / "run"
+    values = stage3_workspace.paths_env(out_dir)
+    values.update({"WAM_TOTAL_STEPS": "40", "WAM_SAVE_FREQ": "0", "WAM_RAY_DASHBOARD": "false"})
+    env_file = write_paths_env(tmp_path / "paths.env", values)
+    ray_tmp = f"/tmp/wam_term_{uuid.uuid4().hex[:8]}"
+    env = clean_environ({"WAM_PATHS_ENV": str(env_file), "WAM_RAY_TMPDIR": ray_tmp})
+    proc = subprocess.Popen(
+        ["bash", str(REPO / "recipes" / "wnm_3d" / "stage3" / "launch.sh")],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.time() + 600
+        while time.time() < deadline and proc.poll() is None and not (out_dir / "metrics.jsonl").is_file():
+            time.sleep(0.5)
+        assert proc.poll() is None, f"run ended before the signal:\n{proc.stdout.read()[-3000:]}"
+        proc.send_signal(signal.SIGTERM)  # launch.sh's own pid, as Kubernetes or scancel would
+        log, _ = proc.communicate(timeout=600)
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait(timeout=60)
+        terminate(processes_mentioning([ray_tmp]))
+    assert proc.returncode == 143, log[-4000:]
+    assert "launch.sh: SIGTERM received; passing SIGTERM to the driver" in log
+    steps = [json.loads(line)["step"] for line in (out_dir / "metrics.jsonl").read_text().splitlines()]
+    stopped = steps[-1]
+    assert steps == list(range(1, stopped + 1)) and 1 <= stopped < 40
+    # The step in progress was finished and saved, intact: the checkpoint a relaunch resumes from.
+    assert (out_dir / "latest_checkpointed_iteration.txt").read_text().strip() == str(stopped)
+    assert checkpointing.choose_resume(out_dir).step == stopped
+    assert f"stopped after step {stopped} of 40 on signal {int(signal.SIGTERM)}" in log
+    assert "driver exited with code 143" in log

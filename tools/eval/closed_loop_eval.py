@@ -301,26 +301,13 @@ def _jsonable_args(args: argparse.Namespace) -> dict:
 
 
 def _summary_table(runs: list[tuple[str, dict]], paired: dict | None) -> str:
-    from verl_omni.sim.eval_metrics import METRIC_LABELS, format_estimate
+    from verl_omni.sim.eval_metrics import METRIC_LABELS, SUMMARY_METRICS, format_estimate
 
-    names = (
-        "success",
-        "oracle_success",
-        "spl",
-        "ne",
-        "collisions",
-        "collided",
-        "collision_events",
-        "longest_blocked_run",
-        "premature_stop",
-        "progress",
-        "path_length",
-    )
     header = (
         ["metric (95% CI)"] + [label for label, _ in runs] + (["difference (compare - checkpoint)"] if paired else [])
     )
     rows = [header]
-    for name in names:
+    for name in SUMMARY_METRICS:
         row = [METRIC_LABELS[name]] + [format_estimate(agg[name]) for _, agg in runs]
         if paired:
             row.append(format_estimate(paired[name]))

@@ -95,9 +95,11 @@ def main(argv=None) -> int:
         for label, eps in runs.items():
             bad = next((e for e in eps if not isinstance(e.get(args.metric), bool)), None)
             if bad is not None:
+                from verl_omni.sim.eval_metrics import PROPORTION_METRICS
+
                 raise CliError(
                     f"{label}: episode {bad.get('episode_id')} has no boolean field {args.metric!r}; pick --metric "
-                    "among success, oracle_success, collided, premature_stop"
+                    f"among {', '.join(PROPORTION_METRICS)}"
                 )
 
         from verl_omni.sim.collector import CollectorConfig, SceneError

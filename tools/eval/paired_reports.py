@@ -22,17 +22,20 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from verl_omni.sim.eval_metrics import aggregate, format_estimate, paired_differences, report_runs  # noqa: E402
+from verl_omni.sim.eval_metrics import (  # noqa: E402
+    METRIC_LABELS,
+    aggregate,
+    format_estimate,
+    paired_differences,
+    report_runs,
+)
 from verl_omni.utils.run_layout import atomic_write_text  # noqa: E402
 
-COLUMNS = (
-    ("success", "SR"),
-    ("oracle_success", "OSR"),
-    ("collisions", "collisions/ep"),
-    ("premature_stop", "premature STOP"),
-    ("progress", "progress (m)"),
-    ("path_length", "path (m)"),
-    ("spl", "SPL"),
+# The compact table's columns: a chosen few of the registered metrics (verl_omni.sim.eval_metrics.METRICS), with
+# their registered labels; the JSON output carries every metric.
+COLUMNS = tuple(
+    (name, METRIC_LABELS[name])
+    for name in ("success", "oracle_success", "collisions", "premature_stop", "progress", "path_length", "spl")
 )
 
 

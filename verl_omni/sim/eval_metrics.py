@@ -15,6 +15,10 @@ Per episode (computed by :mod:`verl_omni.sim.closed_loop`):
   premature term and forfeit target);
 * ``path_length``: metres actually travelled; ``progress``: geodesic metres gained from start to end.
 
+:data:`METRICS` (one :class:`MetricSpec` each: name, label, aggregation, better direction) is the single list of
+these metrics: the evaluator's tables, the study's comparisons and the paired reports derive theirs from it, so a new
+metric is added there once.
+
 Aggregates: proportions get Wilson score intervals (``scipy.stats.binomtest``), means get Student-t intervals
 (``scipy.stats.t``). Comparisons of two policies on the same episodes use the per-episode paired differences
 ``B - A`` with a Student-t interval on their mean.
@@ -24,37 +28,64 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 
-PROPORTION_METRICS: tuple[str, ...] = ("success", "oracle_success", "collided", "premature_stop")
-MEAN_METRICS: tuple[str, ...] = (
-    "spl",
-    "ne",
-    "collisions",
-    "collision_events",
-    "longest_blocked_run",
-    "path_length",
-    "steps",
-    "progress",
+
+@dataclass(frozen=True)
+class MetricSpec:
+    """One closed-loop metric of an episode record (a key of ``EpisodeResult.metrics()``).
+
+    Attributes:
+        name: Key in an episode record and in :func:`aggregate`'s result.
+        label: Human-readable row or column name for tables.
+        aggregate: ``"rate"`` for a bool per episode (a proportion with a Wilson interval) or ``"mean"`` for a
+            number per episode (a mean with a Student-t interval).
+        higher_is_better: The direction of change that counts as an improvement; None for neither (reported
+            beside the goals, e.g. path length as a sign of reward gaming).
+        optional: Added after the first reports were written; a record without it (an older report, a hand-made
+            record) is still aggregated, without this metric.
+        summary: Shown in the evaluator's summary table and compared in the study's before/after tables.
+    """
+
+    name: str
+    label: str
+    aggregate: Literal["rate", "mean"]
+    higher_is_better: bool | None
+    optional: bool = False
+    summary: bool = True
+
+    def __post_init__(self) -> None:
+        if self.aggregate not in ("rate", "mean"):
+            raise ValueError(f"MetricSpec {self.name!r}: aggregate must be 'rate' or 'mean', got {self.aggregate!r}")
+
+
+# The single source of truth for the closed-loop metrics, in table order; everything below is derived from it.
+METRICS: tuple[MetricSpec, ...] = (
+    MetricSpec("success", "SR", "rate", True),
+    MetricSpec("oracle_success", "OSR", "rate", True),
+    MetricSpec("spl", "SPL", "mean", True),
+    MetricSpec("ne", "NE (m)", "mean", False),
+    MetricSpec("collisions", "collisions/ep", "mean", False),
+    MetricSpec("collided", "episodes w/ collision", "rate", False),
+    MetricSpec("collision_events", "collision events/ep", "mean", False, optional=True),
+    MetricSpec("longest_blocked_run", "longest blocked run", "mean", False, optional=True),
+    # The gaming signs (premature STOP, standing still, wandering); premature_stop is derived from end_reason
+    # when a record lacks it.
+    MetricSpec("premature_stop", "premature STOP", "rate", False, optional=True),
+    MetricSpec("progress", "geodesic progress (m)", "mean", True, optional=True),
+    MetricSpec("path_length", "path length (m)", "mean", None),
+    MetricSpec("steps", "steps", "mean", None, summary=False),
 )
-# Added after the first reports were written: an episode record without them (an older report, a hand-made
-# record) is still aggregated, without these metrics; premature_stop is derived from end_reason when it can be.
-OPTIONAL_METRICS: tuple[str, ...] = ("premature_stop", "progress", "collision_events", "longest_blocked_run")
-METRIC_LABELS: dict[str, str] = {
-    "success": "SR",
-    "oracle_success": "OSR",
-    "spl": "SPL",
-    "ne": "NE (m)",
-    "collisions": "collisions/ep",
-    "collided": "episodes w/ collision",
-    "collision_events": "collision events/ep",
-    "longest_blocked_run": "longest blocked run",
-    "path_length": "path length (m)",
-    "steps": "steps",
-    "premature_stop": "premature STOP",
-    "progress": "geodesic progress (m)",
-}
+METRIC_SPECS: dict[str, MetricSpec] = {m.name: m for m in METRICS}
+PROPORTION_METRICS: tuple[str, ...] = tuple(m.name for m in METRICS if m.aggregate == "rate")
+MEAN_METRICS: tuple[str, ...] = tuple(m.name for m in METRICS if m.aggregate == "mean")
+OPTIONAL_METRICS: tuple[str, ...] = tuple(m.name for m in METRICS if m.optional)
+SUMMARY_METRICS: tuple[str, ...] = tuple(m.name for m in METRICS if m.summary)
+METRIC_LABELS: dict[str, str] = {m.name: m.label for m in METRICS}
+HIGHER_IS_BETTER: dict[str, bool | None] = {m.name: m.higher_is_better for m in METRICS}
 
 
 def spl(success: bool, shortest_path_m: float, path_length_m: float) -> float:

@@ -9,6 +9,28 @@ from collections.abc import Callable
 from verl_omni.trainer.config import Stage3Config
 
 
+def object_store_bytes(value: str) -> int | None:
+    """Parses ``WAM_RAY_OBJECT_STORE_GB`` (GiB, e.g. ``"4"`` or ``"0.5"``) into bytes; empty means Ray's default.
+
+    Ray reserves 30% of the host's memory for each runtime's object store by default. Several trainings on one
+    machine (the study runs its arms side by side, each with its own runtime) would each claim that much, while
+    a step's batch is a few MB; a cap keeps them from crowding the host.
+
+    Raises:
+        ValueError: naming the variable, when the value is not a positive number.
+    """
+    value = value.strip()
+    if not value:
+        return None
+    try:
+        gib = float(value)
+    except ValueError:
+        raise ValueError(f"WAM_RAY_OBJECT_STORE_GB={value!r}: expected a size in GiB, e.g. 4") from None
+    if not gib > 0 or gib == float("inf"):
+        raise ValueError(f"WAM_RAY_OBJECT_STORE_GB={value!r}: must be a positive, finite size in GiB")
+    return int(gib * 2**30)
+
+
 def init_ray(cfg: Stage3Config, log: Callable[[str], None] = print) -> tuple[str, bool]:
     """Joins ``RAY_ADDRESS`` (multi-node launch) or starts a private local runtime.
 
@@ -42,7 +64,16 @@ def init_ray(cfg: Stage3Config, log: Callable[[str], None] = print) -> tuple[str
         # injection in tests); logged because it changes what the workers do.
         runtime_env["worker_process_setup_hook"] = hook
         log(f"WAM_RAY_WORKER_SETUP_HOOK={hook}: Ray runs it in every worker process")
-    ray.init(num_cpus=cpus, _temp_dir=ray_tmp, include_dashboard=False, runtime_env=runtime_env)
+    store_bytes = object_store_bytes(os.environ.get("WAM_RAY_OBJECT_STORE_GB", ""))
+    if store_bytes is not None:
+        log(f"WAM_RAY_OBJECT_STORE_GB: Ray object store capped at {store_bytes / 2**30:.1f} GiB")
+    ray.init(
+        num_cpus=cpus,
+        _temp_dir=ray_tmp,
+        include_dashboard=False,
+        runtime_env=runtime_env,
+        object_store_memory=store_bytes,
+    )
     return namespace, True
 
 

@@ -110,12 +110,35 @@ if [ "$WAM_GPUS_PER_NODE" -gt 0 ]; then
 fi
 stop_own_ray() { "$WAM_PY" -m verl_omni.trainer.launch_env stop-ray --temp-dir "$my_ray_tmp" || true; }
 
+# A scheduler's preemption (Kubernetes, Slurm's scancel) signals this script, not the driver. The driver runs in
+# the background so that the signal is passed on at once (bash runs a trap only after a foreground command ends):
+# the first SIGTERM or Ctrl-C asks the driver to finish its step, save it and exit 143; a second stops it at once.
+# Ctrl-C is passed on as SIGTERM because a background job starts with SIGINT ignored.
+driver_pid=""
+forward_stop() {
+  if [ -n "$driver_pid" ] && kill -0 "$driver_pid" 2>/dev/null; then
+    echo "launch.sh: $1 received; passing SIGTERM to the driver (pid $driver_pid): it finishes the step, saves it" \
+      "and exits 143; signal again to stop it at once" >&2
+    kill -TERM "$driver_pid" 2>/dev/null || true
+  fi
+}
+
 run_driver() {
   local log="$logs/driver_$stamp.log" rc
   echo "driver log: $log; TensorBoard: tensorboard --logdir $WAM_OUTPUT_DIR"
   set +e
-  "${driver_cmd[@]}" 2>&1 | tee -a "$log"
-  rc="${PIPESTATUS[0]}"
+  "${driver_cmd[@]}" > >(tee -a "$log") 2>&1 &
+  driver_pid=$!
+  trap 'forward_stop SIGTERM' TERM
+  trap 'forward_stop SIGINT' INT
+  # wait returns early (> 128) when a trapped signal arrives while the driver still runs; bash keeps the exit
+  # status of a reaped background job, so the last wait returns the driver's own code.
+  while kill -0 "$driver_pid" 2>/dev/null; do
+    wait "$driver_pid"
+  done
+  wait "$driver_pid"
+  rc=$?
+  trap 'exit 130' INT TERM
   set -e
   echo "driver exited with code $rc"
   return "$rc"
