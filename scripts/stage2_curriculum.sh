@@ -36,7 +36,8 @@
 # TWO_ROOMS_EVAL_PLAIN (1; 0 evaluates the two_rooms rounds with their STOP gate only, one closed-loop pass a round
 # less), TWO_ROOMS_FROM and REPLAY_SCENES (above), STAGE2_MODEL (the model's --set flags; default the 8-layer x 256
 # model below). Extra flags go to every train_stage2.py call after the recipe's own, so they override it (e.g.
-# --eval-episodes 100). The recipe is the one docs/results.md reports (session 11: one H200, 8-layer x 256 model,
+# --eval-episodes 100, or --dagger-share 0.05 to draw that share of every DAgger-round batch from the round's own
+# rows instead of their share of the aggregate, about 10% here; not yet measured on the GPU). The recipe is the one docs/results.md reports (session 11: one H200, 8-layer x 256 model,
 # goal point `nearest`, batch 128 on one_room and 256 on two_rooms).
 set -euo pipefail
 if [ $# -lt 1 ]; then

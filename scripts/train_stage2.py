@@ -72,6 +72,14 @@ def build_parser() -> argparse.ArgumentParser:
         "elsewhere, e.g. one carried from an earlier machine)",
     )
     p.add_argument("--round-steps", type=int, default=2000, help="SFT steps of every later round (default 2000)")
+    p.add_argument(
+        "--dagger-share",
+        type=float,
+        default=None,
+        help="share of every SFT batch of a DAgger round drawn from that round's own rows, the rest from the "
+        "aggregate of earlier rounds (SFTConfig.newest_share; default: every aggregated row equally likely, i.e. "
+        "the new rows' share of the aggregate)",
+    )
     p.add_argument("--batch-size", type=int, default=64, help="SFT rows per step (default 64)")
     p.add_argument("--lr", type=float, default=5e-4, help="AdamW learning rate (default 5e-4)")
     p.add_argument("--action-weight", type=float, default=4.0, help="weight of the action loss (default 4)")
@@ -410,6 +418,8 @@ def _check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> No
     for name in ("independent_action_noise", "goal_aux_pure_noise"):
         if not 0.0 <= getattr(args, name) <= 1.0:
             parser.error(f"--{name.replace('_', '-')} must be in [0, 1], got {getattr(args, name)}")
+    if args.dagger_share is not None and not 0.0 <= args.dagger_share <= 1.0:
+        parser.error(f"--dagger-share must be in [0, 1], got {args.dagger_share}")
     from verl_omni.models.wnm.sft import TRAINABLE_ENCODERS
 
     names = [] if args.train_encoders == "none" else args.train_encoders.split(",")
@@ -580,10 +590,15 @@ def _train_round(args, config, rnd: int, data: Path, ckpt: Path, state: RoundSta
     _log(f"round {rnd}: {rows.examples} encoded states, {reused} of {len(shards)} part(s) reused from "
          f"{data.name}{ENCODED_SUFFIX}; {timings[f'r{rnd}_decode_wait_s']:.0f}s spent waiting for decoded episodes "
          f"({args.workers} workers)")  # fmt: skip
+    newest_from = 0  # rows before this index are earlier rounds' (SFTConfig.newest_rows_from)
     if state.accumulated is None:
         train_all = rows
     else:
+        newest_from = state.accumulated.rows
         train_all = sft.EncodedRows.concat([state.accumulated.to(args.device), rows])
+        share = "their share of the aggregate" if args.dagger_share is None else f"{args.dagger_share:.1%}"
+        _log(f"round {rnd}: the round's own rows are {1 - newest_from / train_all.rows:.1%} of the aggregate; "
+             f"each SFT batch draws {share} from them")  # fmt: skip
     del rows
     heldout = state.heldout_rows.to(args.device)
     timings[f"r{rnd}_load_s"] = time.perf_counter() - t0
@@ -598,7 +613,9 @@ def _train_round(args, config, rnd: int, data: Path, ckpt: Path, state: RoundSta
                                 goal_aux_weight=args.goal_aux_weight,
                                 independent_action_noise=args.independent_action_noise,
                                 goal_aux_pure_noise=args.goal_aux_pure_noise,
-                                view_aux_weight=args.view_aux_weight, autocast=args.sft_autocast)  # fmt: skip
+                                view_aux_weight=args.view_aux_weight, autocast=args.sft_autocast,
+                                newest_share=args.dagger_share if newest_from else None,
+                                newest_rows_from=newest_from)  # fmt: skip
         if args.compile_blocks:
             model.transformer.compile_blocks()
         # A DAgger round continues the previous round's view head (the STOP gate) instead of a fresh one.

@@ -461,3 +461,30 @@ def test_encoded_features_are_the_encoders_outputs_of_each_example_and_instructi
         if rows.geometry is not None:
             torch.testing.assert_close(rows.geometry[ex], model.geometry_encoder(frames).float()[0], rtol=1e-5,
                                        atol=1e-5)  # fmt: skip
+
+
+def test_draw_rows_splits_each_batch_between_earlier_and_newest_rows_by_hand():
+    # 10 earlier rows (0-9) and 30 newest (10-39); a share of 0.25 of a batch of 8 is exactly 2 newest rows.
+    g = torch.Generator().manual_seed(0)
+    for _ in range(50):
+        rows = sft.draw_rows(40, 8, g, newest_share=0.25, newest_rows_from=10)
+        assert rows.shape == (8,) and rows.dtype == torch.int64
+        assert (rows[:6] < 10).all() and (rows[6:] >= 10).all() and (rows[6:] < 40).all()
+    # round(0.3 * 8) = 2 as well; shares 0 and 1 draw from one side only.
+    assert (sft.draw_rows(40, 8, g, 0.3, 10)[6:] >= 10).all()
+    assert (sft.draw_rows(40, 8, g, 0.0, 10) < 10).all()
+    assert (sft.draw_rows(40, 8, g, 1.0, 10) >= 10).all()
+
+
+def test_draw_rows_without_a_share_keeps_the_uniform_stream():
+    # None (the default), or no earlier or no newest rows: the same draws as before the option existed.
+    for share, start in ((None, 10), (0.25, 0), (0.25, 40)):
+        a, b = torch.Generator().manual_seed(3), torch.Generator().manual_seed(3)
+        assert torch.equal(sft.draw_rows(40, 8, a, share, start), torch.randint(0, 40, (8,), generator=b))
+
+
+def test_newest_share_is_validated():
+    with pytest.raises(ValueError, match="newest_share"):
+        sft.SFTConfig(newest_share=1.5)
+    with pytest.raises(ValueError, match="newest_rows_from"):
+        sft.SFTConfig(newest_rows_from=-1)

@@ -97,6 +97,13 @@ class SFTConfig:
         autocast: ``none`` (the weights' float32; TF32 matmuls where the caller allows them) or ``bfloat16``
             (``torch.autocast`` around the training forwards; the weights, gradients and optimizer stay float32,
             held-out losses are taken in float32).
+        newest_share: Share of every batch drawn from the rows at ``newest_rows_from`` and after (a DAgger round's
+            own rows, appended after the aggregate of earlier rounds); the rest of the batch is drawn from the
+            rows before. None: every row is equally likely (the aggregate's own proportions). Why: the DAgger
+            rows' relabels are the expert's answers in states the learner drove into (stalls, walls), mostly
+            turns in place and short moves; the state-matched probe showed a DAgger round that learnt caution
+            from them, and this share sets their weight without dropping them.
+        newest_rows_from: First row of the newest round's rows (used with ``newest_share``).
     """
 
     steps: int = 200
@@ -113,6 +120,8 @@ class SFTConfig:
     goal_aux_pure_noise: float = 0.0
     view_aux_weight: float = 0.0
     autocast: str = "none"
+    newest_share: float | None = None
+    newest_rows_from: int = 0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "train_encoders", tuple(self.train_encoders))
@@ -135,6 +144,39 @@ class SFTConfig:
         for name in ("independent_action_noise", "goal_aux_pure_noise"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise ValueError(f"SFTConfig.{name}: must be in [0, 1], got {getattr(self, name)}")
+        if self.newest_share is not None and not 0.0 <= self.newest_share <= 1.0:
+            raise ValueError(f"SFTConfig.newest_share: must be in [0, 1] or None, got {self.newest_share}")
+        if self.newest_rows_from < 0:
+            raise ValueError(f"SFTConfig.newest_rows_from: must be >= 0, got {self.newest_rows_from}")
+
+
+def draw_rows(
+    total_rows: int,
+    batch_size: int,
+    generator: torch.Generator,
+    newest_share: float | None = None,
+    newest_rows_from: int = 0,
+) -> torch.Tensor:
+    """Row indices of one SFT batch.
+
+    Args:
+        total_rows: Rows to draw from (``EncodedRows.rows``).
+        batch_size: Rows per batch.
+        generator: The run's CPU generator (its stream is unchanged when ``newest_share`` is None).
+        newest_share: Share of the batch drawn uniformly from rows ``[newest_rows_from, total_rows)``; the rest
+            is drawn uniformly from ``[0, newest_rows_from)``. The split is ``round(newest_share * batch_size)``
+            rows exactly, every batch. None, or no rows on one side: uniform over all rows.
+        newest_rows_from: First row of the newest rows.
+
+    Returns:
+        ``int64 [batch_size]`` row indices, earlier rows first.
+    """
+    if newest_share is None or not 0 < newest_rows_from < total_rows:
+        return torch.randint(0, total_rows, (batch_size,), generator=generator)
+    newest = round(newest_share * batch_size)
+    earlier = torch.randint(0, newest_rows_from, (batch_size - newest,), generator=generator)
+    later = torch.randint(newest_rows_from, total_rows, (newest,), generator=generator)
+    return torch.cat([earlier, later])
 
 
 class PhaseClock:
@@ -238,7 +280,7 @@ def _sft_loop(model, train, heldout, cfg, bar, g, opt, params, probes, curve, lo
 
     amp = torch.autocast(dev.type, dtype=torch.bfloat16, enabled=cfg.autocast == "bfloat16")
     for step in bar:
-        rows = torch.randint(0, train.rows, (cfg.batch_size,), generator=g)
+        rows = draw_rows(train.rows, cfg.batch_size, g, cfg.newest_share, cfg.newest_rows_from)
         x0, a0, s, ev, ea = _draw(train, rows, g, move=False)
         pure = None
         if probe is not None and cfg.goal_aux_pure_noise > 0:  # drawn only when on (old random stream when off)
