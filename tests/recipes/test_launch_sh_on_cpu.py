@@ -32,6 +32,19 @@ needs_driver = pytest.mark.skipif(
 )
 
 
+@pytest.fixture(autouse=True)
+def no_ray_runtime_left_running():
+    """launch.sh refuses to start beside a running Ray runtime, so each test waits until the runtimes that earlier
+    tests (or their drivers) shut down are gone; on a loaded 2-core machine that can take tens of seconds."""
+    deadline = time.time() + 120
+    while (left := ray_core_processes()) and time.time() < deadline:
+        time.sleep(1)
+    assert not left, "Ray processes still running before a launch.sh test: " + ", ".join(
+        f"pid {p.pid} {p.component}" for p in left
+    )
+    yield
+
+
 def _free_port() -> int:
     # Outside Ray's default worker port range 10002-19999.
     for _ in range(100):
