@@ -216,6 +216,36 @@ def training_table(data: StudyData, fraction: float = 0.2) -> list[list[str]]:
     return rows
 
 
+# What the training rollouts did, from the reward set's diagnostics (per-step means over the step's rollouts):
+# (label, metric key, scale). The hard-collision diagnostic is a one-hot over the 4 chunks averaged over them,
+# so 4 x its mean is the share of rollouts that collided within their 32 steps.
+ROLLOUT_BEHAVIOUR = (
+    ("training rollouts with a hard collision", "reward_terms/collision/hard", 4.0),
+    ("first collision step (32: none)", "reward_terms/geometry/collision_step", 1.0),
+    ("STOP step (32: none)", "reward_terms/geometry/stop_step", 1.0),
+)
+
+
+def rollout_behaviour_table(data: StudyData, fraction: float = 0.2) -> list[list[str]]:
+    """Per arm: what its training rollouts did in the first and the last ``fraction`` of steps (seed-averaged,
+    Welch 95% interval over the steps). Read beside the closed-loop table: rollouts that collide less in training
+    while the held-out episodes collide more point at states the training prompts do not hold."""
+    arms = data.arms
+    rows = [["training rollouts", *[f"{a}: first -> last (change)" for a in arms]]]
+    for label, key, scale in ROLLOUT_BEHAVIOUR:
+        row = [label]
+        for arm in arms:
+            _, vals = aligned(data.arm_runs(arm), key)
+            mean = scale * np.nanmean(vals, axis=0) if vals.size and np.isfinite(vals).any() else np.zeros(0)
+            try:
+                ch = stats.early_late_change(mean, fraction)
+                row.append(f"{ch['before']:.3f} -> {ch['after']:.3f} ({fmt(ch['diff'], ch['low'], ch['high'])})")
+            except ValueError:
+                row.append("n/a")
+        rows.append(row)
+    return rows
+
+
 def validation_table(data: StudyData) -> list[list[str]]:
     """Per event and arm: action reward (nav_total + stop_total) at the first and the last validation, and
     the per-seed change with a t interval over seeds (a single seed has no interval)."""
@@ -376,6 +406,10 @@ def render_markdown(data: StudyData, comps: Mapping[str, Mapping], figures: Sequ
         "#### Training rewards: change from the first to the last 20% of steps (seed-averaged, Welch 95% CI)",
         "",
         markdown_table(training_table(data)),
+        "",
+        "#### What the training rollouts did: first vs last 20% of steps (seed-averaged, Welch 95% CI)",
+        "",
+        markdown_table(rollout_behaviour_table(data)),
         "",
         "#### Event-balanced validation (ODE): action reward nav_total + stop_total, first -> last validation",
         "",

@@ -218,6 +218,8 @@ def _write_results(root: Path) -> Path:
                 m[f"reward/{layer}/mean"] = 0.05 * step + 0.01 * rng.standard_normal()
             m["reward/nav_total/mean"] = 0.2 * step
             m["reward/stop_total/mean"] = -1.0 + 0.01 * step
+            m["reward_terms/collision/hard"] = 0.125  # one chunk in 4 of every second rollout: half collide
+            m["reward_terms/geometry/stop_step"] = 20.0 - 0.5 * step
             if step % 5 == 0:
                 for ev in report.EVENTS:
                     m[f"val/{ev}/nav_total"] = 0.1 * step + k
@@ -250,6 +252,17 @@ def test_report_tables_and_plots_on_synthetic_results(tmp_path):
     # (k, k+1, k+2, k+3): variance 0.04 x 5/3, se = sqrt(2 x variance / 4), Welch df = 6 (equal sizes/spreads).
     half = sps.t.ppf(0.975, 6) * math.sqrt(2 * 0.04 * 5 / 3 / 4)
     assert nav_total[1] == f"+3.200 [{3.2 - half:+.3f}, {3.2 + half:+.3f}]"
+
+    behaviour = {r[0]: r[1:] for r in report.rollout_behaviour_table(data)}
+    assert behaviour["training rollouts with a hard collision"][0] == "0.500 -> 0.500 (+0.000 [+0.000, +0.000])"
+    # STOP step 20 - 0.5 k: steps 1-4 average 18.75, steps 17-20 average 10.75; each window is 0.5 x (k..k+3),
+    # variance 0.25 x 5/3, so the same Welch half-width as above at half the scale.
+    half = sps.t.ppf(0.975, 6) * math.sqrt(2 * 0.25 * 5 / 3 / 4)
+    assert (
+        behaviour["STOP step (32: none)"][0]
+        == f"18.750 -> 10.750 ({-8.0:+.3f} [{-8.0 - half:+.3f}, {-8.0 + half:+.3f}])"
+    )
+    assert behaviour["first collision step (32: none)"] == ["n/a", "n/a"]  # not logged by these runs
 
     val = report.validation_table(data)
     all_row = next(r for r in val if r[0] == "all")
