@@ -93,6 +93,7 @@ def cmd_prepare(args: argparse.Namespace) -> int:
             behaviour_max_steps=args.behaviour_max_steps,
             behaviour_num_steps=args.behaviour_num_steps,
             device=args.device,
+            prompt_event_share=args.prompt_event_share,
         )
     except ValueError as e:
         raise StudyError(str(e)) from e
@@ -403,6 +404,13 @@ def _add_prepare_args(pp: argparse.ArgumentParser, d: study_ws.WorkspaceSettings
     pp.add_argument("--sft-action-weight", type=float, default=d.sft_action_weight)
     pp.add_argument("--train-size", type=int, default=d.train_size, help=f"training prompts ({d.train_size})")
     pp.add_argument("--per-event", type=int, default=d.per_event, help="validation rows per event type")
+    pp.add_argument(
+        "--prompt-event-share",
+        default=d.prompt_event_share,
+        metavar="EVENT=SHARE",
+        help="take this share of the training prompts from query states with EVENT, e.g. collision_precursor=0.25 "
+        "(tools/data/sample_stage3_train.py --event-share; default: one uniform state per episode)",
+    )
     pp.add_argument("--workers", type=int, default=d.workers)
     pp.add_argument("--carry-limit-mb", type=float, default=8.0, help="warn (exit 1) above this carry size")
     pp.add_argument(

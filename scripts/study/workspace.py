@@ -56,6 +56,9 @@ class WorkspaceSettings:
         behaviour_max_steps / behaviour_num_steps: With ``stage2_checkpoint``: motion steps per collected episode
             and ODE steps of the behaviour policy (``collect_dagger.py --max-steps / --num-steps``).
         device: Torch device of the behaviour policy.
+        prompt_event_share: ``EVENT=SHARE`` (e.g. ``collision_precursor=0.25``): that share of the training
+            prompts is taken from query states with the event (``sample_stage3_train.py --event-share``); "" =
+            one uniformly chosen state per episode.
     """
 
     scenes: int = 8
@@ -80,6 +83,7 @@ class WorkspaceSettings:
     behaviour_max_steps: int = 160
     behaviour_num_steps: int = 10
     device: str = "cpu"
+    prompt_event_share: str = ""
 
     def __post_init__(self) -> None:
         from verl_omni.sim.levels import LEVELS
@@ -101,6 +105,19 @@ class WorkspaceSettings:
             )
         if self.sft_steps < 0:
             raise ValueError(f"WorkspaceSettings.sft_steps: must be >= 0, got {self.sft_steps}")
+        if self.prompt_event_share:
+            from verl_omni.data.schema import EVENT_NAMES
+
+            event, sep, share = self.prompt_event_share.partition("=")
+            try:
+                ok = bool(sep) and event in EVENT_NAMES and 0.0 < float(share) <= 1.0
+            except ValueError:
+                ok = False
+            if not ok:
+                raise ValueError(
+                    f"WorkspaceSettings.prompt_event_share: {self.prompt_event_share!r}; expected EVENT=SHARE with "
+                    f"EVENT one of {list(EVENT_NAMES)} and SHARE in (0, 1]"
+                )
         if self.train_size >= self.scenes * self.episodes_per_scene:
             raise ValueError(
                 f"WorkspaceSettings.train_size: {self.train_size} leaves no episode of the "
@@ -207,6 +224,7 @@ def build_full(root: Path, s: WorkspaceSettings, log: Path) -> dict[str, Path]:
                 "tools/data/sample_stage3_train.py",
                 *("--source-manifest", str(ws["converted"] / "manifest.json"), "--output-dir", str(ws["train"])),
                 *("--train-size", str(s.train_size), "--shard-size", "4096", "--seed", "42"),
+                *(("--event-share", s.prompt_event_share) if s.prompt_event_share else ()),
             ],
         ),
         (

@@ -200,6 +200,38 @@ def test_sample_one_row_per_episode_deterministic(converted, tmp_path, capsys):
     assert not (tmp_path / "c").exists()
 
 
+def test_sample_event_share_prefers_rows_with_the_event(converted, tmp_path, capsys):
+    # Every episode of the world has one query with EVENT_NAMES[i % 4] and one with EVENT_NAMES[(i + 1) % 4]
+    # and required_stop, so all episodes have a collision_precursor row only where i % 4 in (0, 3).
+    def run(out, share):
+        return run_cli(SAMPLE.main, ["--source-manifest", str(converted / "manifest.json"), "--output-dir", str(out),
+                                     "--train-size", "3", "--seed", "7", "--event-share", share])  # fmt: skip
+
+    assert run(tmp_path / "e", "collision_precursor=1.0") == 0
+    out = capsys.readouterr()
+    rows = [r for f in sorted(_files(tmp_path / "e")) for r in pq.read_table(tmp_path / "e" / f).to_pylist()]
+    with_event = sum("collision_precursor" in r["events"] for r in rows)
+    prov = read_manifest(tmp_path / "e")["provenance"]
+    assert prov["rows_with_event"] == {"collision_precursor": with_event}
+    assert f"{with_event} of the 3 rows carry collision_precursor" in out.out
+    assert len({r["episode_id"] for r in rows}) == 3
+    # As many rows carry the event as the train split has episodes with such a row (at most 3); a shortfall is
+    # said, and filled by the plain rule.
+    train = [
+        r
+        for sh in read_manifest(converted)["shards"]
+        if sh["split"] == "train"
+        for r in pq.read_table(converted / sh["file"], columns=["episode_id", "events"]).to_pylist()
+    ]
+    supply = len({r["episode_id"] for r in train if "collision_precursor" in r["events"]})
+    assert supply >= 1 and with_event == min(3, supply)
+    assert ("warning: --event-share collision_precursor=1.0" in out.err) == (supply < 3)
+    for bad in ("nope=0.5", "collision_precursor", "collision_precursor=0", "collision_precursor=x"):
+        assert run(tmp_path / "bad", bad) == 2
+        assert "--event-share" in capsys.readouterr().err
+    assert not (tmp_path / "bad").exists()
+
+
 def _event_val(world, out, exclude, per_event, *extra):
     argv = [
         "--input-root",

@@ -394,9 +394,13 @@ def test_workspace_settings_refuse_bad_task_and_checkpoint(tmp_path):
                        ({"goal_point": "far"}, "WorkspaceSettings.goal_point"),
                        ({"behaviour_beta": 1.5}, "WorkspaceSettings.behaviour_beta"),
                        ({"behaviour_execute_steps": 0}, "WorkspaceSettings.behaviour_execute_steps"),
-                       ({"stage2_checkpoint": str(tmp_path)}, "checkpoint_manifest.json")):  # fmt: skip
+                       ({"stage2_checkpoint": str(tmp_path)}, "checkpoint_manifest.json"),
+                       ({"prompt_event_share": "collision_precursor"}, "prompt_event_share"),
+                       ({"prompt_event_share": "walls=0.5"}, "prompt_event_share"),
+                       ({"prompt_event_share": "collision_precursor=1.5"}, "prompt_event_share")):  # fmt: skip
         with pytest.raises(ValueError, match=needle):
             WorkspaceSettings(**kw)
+    assert WorkspaceSettings(prompt_event_share="collision_precursor=0.25").prompt_event_share
 
 
 def test_study_from_a_stage2_checkpoint_resumes_a_cut_off_training(tmp_path):
@@ -414,9 +418,12 @@ def test_study_from_a_stage2_checkpoint_resumes_a_cut_off_training(tmp_path):
     prep = [*study, "prepare", "--workdir", str(work), "--stage2-checkpoint", str(ckpt), "--level", "one_room",
             "--goal-point", "nearest", "--face-goal-object", "--scenes", "2", "--episodes-per-scene", "3",
             "--train-size", "2", "--per-event", "1", "--heldout-scenes", "2", "--behaviour-max-steps", "64",
-            "--behaviour-num-steps", "2", "--behaviour-beta", "0.8", "--workers", "2"]  # fmt: skip
+            "--behaviour-num-steps", "2", "--behaviour-beta", "0.8", "--workers", "2",
+            "--prompt-event-share", "required_stop=0.5"]  # fmt: skip
     proc = subprocess.run(prep, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    sampled = json.loads((work / "full" / "train" / "manifest.json").read_text())
+    assert sampled["args"]["event_share"] == "required_stop=0.5" and "required_stop" in sampled["provenance"]["rule"]
     meta = json.loads((work / "full" / "collection" / "collection.json").read_text())
     assert meta["policy"]["type"] == "dagger" and meta["policy"]["beta"] == 0.8 and meta["level"] == "one_room"
     assert meta["dagger_summary"]["execute_steps"] == 3

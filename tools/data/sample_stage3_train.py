@@ -30,11 +30,36 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--train-size", type=positive_int, required=True, help="exact number of rows to keep")
     p.add_argument("--shard-size", type=positive_int, default=2048, help="rows per Parquet shard (default 2048)")
     p.add_argument("--seed", type=int, default=42, help="sampling seed (default 42)")
+    p.add_argument(
+        "--event-share",
+        metavar="EVENT=SHARE",
+        help="take this share of the rows from query states labelled with EVENT (e.g. collision_precursor=0.25), "
+        "still one row per episode; default: no preference",
+    )
     return p
+
+
+def parse_event_share(value: str | None) -> tuple[str | None, float]:
+    """``EVENT=SHARE`` -> ``(event, share)``; None -> ``(None, 0.0)``. Raises CliError naming the flag."""
+    from verl_omni.data.schema import EVENT_NAMES
+
+    if value is None:
+        return None, 0.0
+    event, sep, share = value.partition("=")
+    if not sep or event not in EVENT_NAMES:
+        raise CliError(f"--event-share {value!r}: expected EVENT=SHARE with EVENT one of {list(EVENT_NAMES)}")
+    try:
+        fraction = float(share)
+    except ValueError:
+        raise CliError(f"--event-share {value!r}: SHARE must be a number in (0, 1]") from None
+    if not 0.0 < fraction <= 1.0:
+        raise CliError(f"--event-share {value!r}: SHARE must be in (0, 1]")
+    return event, fraction
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    event, event_share = parse_event_share(args.event_share)
     from verl_omni.data.hashing import file_sha256
     from verl_omni.data.manifest import (
         ManifestError,
@@ -69,18 +94,30 @@ def main(argv: Sequence[str] | None = None) -> int:
     # Only the two id columns of the whole converted set are read; the chosen rows are then taken shard by
     # shard, so memory grows with the subset, not with the collection.
     train_paths = shard_paths(source_path, source, split="train")
-    ids = read_shards(train_paths, columns=["sample_id", "episode_id"])
+    ids = read_shards(train_paths, columns=["sample_id", "episode_id"] + (["events"] if event else []))
     sample_ids = ids.column("sample_id").to_pylist()
     episode_ids = ids.column("episode_id").to_pylist()
     eligible = len(set(episode_ids))
+    has_event = [event in (ev or ()) for ev in ids.column("events").to_pylist()] if event else None
     try:
-        picked = sample_one_row_per_episode(sample_ids, episode_ids, args.train_size, args.seed)
+        picked = sample_one_row_per_episode(sample_ids, episode_ids, args.train_size, args.seed, has_event, event_share)
     except SubsetTooLargeError as e:
         raise CliError(
             f"--train-size {args.train_size}: {e} in the train split of {source_path}; lower --train-size "
             f"or convert more episodes (nothing was written)"
         ) from e
     subset = _take_rows(train_paths, picked, read_shard)
+    with_event = None
+    if event:
+        with_event = sum(bool(has_event[i]) for i in picked)
+        wanted = round(event_share * args.train_size)
+        if with_event < wanted:
+            episodes_with = len({e for e, h in zip(episode_ids, has_event) if h})
+            print(
+                f"warning: --event-share {args.event_share}: {wanted} rows asked for, but only {episodes_with} "
+                f"episodes have a {event} row; the other rows follow the plain rule",
+                file=sys.stderr,
+            )
     scenes = sorted(set(subset.column("scene_id").to_pylist()))
 
     with staged_output_dir(out_dir) as tmp:
@@ -94,6 +131,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "train_size": args.train_size,
                 "shard_size": args.shard_size,
                 "seed": args.seed,
+                "event_share": args.event_share,
             },
             source_root=source["source_root"],
             occupancy_root=source["occupancy_root"],
@@ -122,7 +160,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "eligible_rows": ids.num_rows,
                 "seed": args.seed,
                 "train_size": args.train_size,
-                "rule": "one row per source episode; rows and episodes ranked by sha256(seed, id)",
+                "rule": "one row per source episode; rows and episodes ranked by sha256(seed, id)"
+                + (f"; {args.event_share} of the rows first from {event} rows" if event else ""),
+                "rows_with_event": None if event is None else {event: with_event},
             },
             collection=source.get("collection"),
             occupancy_scenes={s: source.get("occupancy_scenes", {}).get(s) for s in scenes},
@@ -133,6 +173,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"wrote {out_dir}: {args.train_size} rows from {args.train_size} distinct episodes "
         f"(eligible: {eligible} episodes, {ids.num_rows} train rows) in {len(shards)} shard(s)"
     )
+    if event:
+        print(f"{with_event} of the {args.train_size} rows carry {event} (--event-share {args.event_share})")
     print(f"speed: {rate(args.train_size, elapsed):.1f} rows/s ({elapsed:.2f} s)")
     print(f"manifest content sha256: {manifest_content_sha256(manifest)}")
     return EXIT_OK
