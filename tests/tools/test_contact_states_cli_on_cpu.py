@@ -64,9 +64,22 @@ def test_contacts_and_clearances_by_hand(tmp_path, capsys):
     # Never overwritten; a report without per-step records and a missing scene are named.
     with pytest.raises(cli.CliError, match="already exists"):
         cli.main([str(report), "--scenes", str(scenes), "--output", str(out)])
-    with pytest.raises(cli.CliError, match="no folder for scene 's0'"):
+    with pytest.raises(cli.CliError, match="--scenes .*no folder for scene 's0'"):
         cli.main([str(report), "--scenes", str(tmp_path / "none")])
     bare = tmp_path / "bare.json"
     bare.write_text(json.dumps({"runs": {"c": {"episodes": [{"episode_id": "x", "scene_id": "s0"}]}}}))
     with pytest.raises(cli.CliError, match="no per-step poses/blocked"):
         cli.main([str(bare), "--scenes", str(scenes)])
+
+
+def test_start_clearances_by_hand(tmp_path):
+    cli = _cli()
+    _, scenes = _world(tmp_path)
+    occ = OccupancyMap.load(scenes / "s0")
+    summary = cli.start_clearances(
+        [("s0", [0.3, 1.0, 0.0]), ("s0", [1.0, 1.0, 2.0])], lambda s, xy: occ.clearance_at(xy)
+    )
+    # The wall is the column of cells x < 0.05 m, and off the 2 x 2 m map counts as blocked too: the first start
+    # is 0.25-0.3 m from the wall, the second 0.95-1.0 m from the wall and 1 m from the map's other edges.
+    assert summary["prompts"] == 2 and 0.2 < summary["min_clearance"] < 0.31
+    assert 0.9 < summary["clearances"][1] <= 1.0

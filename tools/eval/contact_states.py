@@ -105,26 +105,32 @@ def run_summary(episodes: Sequence[Mapping], clearance_of, thresholds: Sequence[
     }
 
 
-def prompt_summary(dataset_dir: Path, scenes: Path, thresholds: Sequence[float]) -> dict:
-    """Share of a Stage-III dataset's start poses closer than each threshold to a wall (on their own maps)."""
-    from verl_omni.data.dataset import Stage3Dataset
-    from verl_omni.data.occupancy import OccupancyMap
+def start_clearances(starts: Sequence[tuple[str, Sequence[float]]], clearance_of) -> dict:
+    """Clearance summary of start poses: ``starts`` are ``(scene_id, pose [x, y, yaw])`` pairs.
 
-    ds = Stage3Dataset.open(dataset_dir)
-    maps: dict[str, OccupancyMap] = {}
-    clear = []
-    for i in range(len(ds)):
-        row = ds[i]
-        scene = row.occupancy
-        if scene not in maps:
-            maps[scene] = OccupancyMap.load(scenes / scene)
-        clear.append(float(maps[scene].clearance_at(np.asarray(row.start_pose, np.float64)[None, :2])[0]))
-    values = np.asarray(clear)
+    Returns:
+        ``{"prompts", "min_clearance", "clearances"}`` (``clearances`` in metres, one per start, in order).
+    """
+    values = np.asarray(
+        [float(clearance_of(scene, np.asarray(pose, np.float64)[None, :2])[0]) for scene, pose in starts], np.float64
+    )
     return {
         "prompts": int(values.size),
         "min_clearance": float(values.min()) if values.size else None,
-        "closer_than": {f"{t:g}": float(np.mean(values < t)) for t in thresholds} if values.size else {},
+        "clearances": values,
     }
+
+
+def prompt_summary(dataset_dir: Path, clearance_of, thresholds: Sequence[float]) -> dict:
+    """Share of a Stage-III dataset's start poses closer than each threshold to a wall (on their own maps)."""
+    from verl_omni.data.dataset import Stage3Dataset
+
+    ds = Stage3Dataset.open(dataset_dir)
+    rows = (ds[i] for i in range(len(ds)))
+    summary = start_clearances([(row.occupancy, row.start_pose) for row in rows], clearance_of)
+    values = summary.pop("clearances")
+    summary["closer_than"] = {f"{t:g}": float(np.mean(values < t)) for t in thresholds} if values.size else {}
+    return summary
 
 
 def _fmt(x: float | None, pct: bool = False) -> str:
@@ -142,15 +148,21 @@ def main(argv=None) -> int:
         raise CliError(f"--output {args.output}: already exists; never overwritten")
     if args.streak < 1:
         raise CliError(f"--streak must be >= 1, got {args.streak}")
-    maps: dict[str, OccupancyMap] = {}
 
-    def clearance_of(scene_id: str, xy: np.ndarray) -> np.ndarray:
-        if scene_id not in maps:
-            folder = args.scenes / scene_id
-            if not folder.is_dir():
-                raise CliError(f"--scenes {args.scenes}: no folder for scene {scene_id!r} of the report")
-            maps[scene_id] = OccupancyMap.load(folder)
-        return maps[scene_id].clearance_at(xy)
+    def map_reader(root: Path, flag: str):
+        maps: dict[str, OccupancyMap] = {}
+
+        def clearance_of(scene_id: str, xy: np.ndarray) -> np.ndarray:
+            if scene_id not in maps:
+                folder = root / scene_id
+                if not folder.is_dir():
+                    raise CliError(f"{flag} {root}: no folder for scene {scene_id!r}")
+                maps[scene_id] = OccupancyMap.load(folder)
+            return maps[scene_id].clearance_at(xy)
+
+        return clearance_of
+
+    clearance_of = map_reader(args.scenes, "--scenes")
 
     out: dict = {"thresholds_m": list(args.thresholds), "streak": args.streak, "runs": {}}
     for path in args.reports:
@@ -163,7 +175,9 @@ def main(argv=None) -> int:
         except ValueError as e:
             raise CliError(f"{path}: {e}") from e
     if args.prompts is not None:
-        out["prompts"] = prompt_summary(args.prompts, args.prompt_scenes or args.scenes, args.thresholds)
+        prompt_scenes = args.prompt_scenes or args.scenes
+        flag = "--prompt-scenes" if args.prompt_scenes else "--scenes"
+        out["prompts"] = prompt_summary(args.prompts, map_reader(prompt_scenes, flag), args.thresholds)
 
     ts = [f"{t:g}" for t in args.thresholds]
     head = ["run", "episodes", "blocked/ep", "contacts/ep", f"blocked in runs >= {args.streak}"]
