@@ -50,11 +50,9 @@ def _parse(argv=None) -> argparse.Namespace:
 
 def streak_share(blocked: Sequence[bool], streak: int) -> tuple[int, int]:
     """``(blocked steps, of which in runs of >= streak consecutive blocked steps)`` of one episode."""
-    flags = np.asarray(blocked, bool).astype(np.int8).ravel()
-    if not flags.any():
-        return 0, 0
-    edges = np.diff(np.concatenate(([0], flags, [0])))
-    lengths = np.flatnonzero(edges == -1) - np.flatnonzero(edges == 1)
+    from verl_omni.sim.eval_metrics import blocked_run_lengths
+
+    lengths = blocked_run_lengths(blocked)
     return int(lengths.sum()), int(lengths[lengths >= streak].sum())
 
 
@@ -72,7 +70,7 @@ def run_summary(episodes: Sequence[Mapping], clearance_of, thresholds: Sequence[
         ``{"episodes", "blocked_per_episode", "contacts_per_episode", "blocked_in_streaks",
         "states_closer_than", "blocked_closer_than"}``; the shares are None where there is nothing to share.
     """
-    from verl_omni.sim.eval_metrics import blocked_runs
+    from verl_omni.sim.eval_metrics import blocked_run_lengths
 
     blocked_total = in_streaks = contacts = 0
     state_clear, blocked_clear = [], []
@@ -83,7 +81,7 @@ def run_summary(episodes: Sequence[Mapping], clearance_of, thresholds: Sequence[
         blocked = np.asarray(ep["blocked"], bool)
         b, s = streak_share(blocked, streak)
         blocked_total, in_streaks = blocked_total + b, in_streaks + s
-        contacts += blocked_runs(blocked)[0]
+        contacts += blocked_run_lengths(blocked).size
         clear = np.asarray(clearance_of(ep["scene_id"], poses[: len(blocked), :2]), np.float64)
         state_clear.append(clear)
         blocked_clear.append(clear[blocked])

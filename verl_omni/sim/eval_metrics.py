@@ -106,14 +106,17 @@ def spl(success: bool, shortest_path_m: float, path_length_m: float) -> float:
     return float(shortest_path_m / max(path_length_m, shortest_path_m)) if success else 0.0
 
 
+def blocked_run_lengths(blocked: Sequence[bool]) -> np.ndarray:
+    """``int64 [runs]`` lengths of the runs of consecutive blocked steps in an episode's ``bool [steps]`` flags."""
+    flags = np.asarray(blocked, bool).astype(np.int8).ravel()
+    edges = np.diff(np.concatenate(([0], flags, [0])))
+    return (np.flatnonzero(edges == -1) - np.flatnonzero(edges == 1)).astype(np.int64)
+
+
 def blocked_runs(blocked: Sequence[bool]) -> tuple[int, int]:
     """Contacts in an episode's ``bool [steps]`` blocked flags: ``(runs of consecutive blocked steps, longest)``."""
-    flags = np.asarray(blocked, bool).astype(np.int8).ravel()
-    if not flags.any():
-        return 0, 0
-    edges = np.diff(np.concatenate(([0], flags, [0])))
-    lengths = np.flatnonzero(edges == -1) - np.flatnonzero(edges == 1)
-    return int(lengths.size), int(lengths.max())
+    lengths = blocked_run_lengths(blocked)
+    return (int(lengths.size), int(lengths.max())) if lengths.size else (0, 0)
 
 
 def wilson_interval(successes: int, n: int, confidence: float = 0.95) -> tuple[float, float]:
