@@ -80,3 +80,36 @@ def test_expert_round_reaches_the_goal_and_loads_for_sft(tmp_path):
     (tmp_path / "c" / "collection.json").write_text(json.dumps(meta))
     examples = load_expert_examples(Path(tmp_path / "c"), 33, (64, 64), progress=False)
     assert len(examples) == summary["queries"] and examples[0].history.shape == (33, 64, 64, 3)
+
+
+def test_contacts_the_learner_drives_into_are_labelled_with_a_way_out(tmp_path):
+    """A learner that drives straight on (beta 0) ends pressed against a wall; every one of those states is queried.
+
+    With seed 3 the learner reaches a pose 0.2-0.25 m from a wall after 2 steps and stays there
+    (its next steps are refused): the robot's 0.2 m disc is clear, but the expert's thin band (0.25 m) is not.
+    Those states used to be dropped as unplannable (only frame 0 was queried); now each is labelled.
+    """
+    from verl_omni.data.occupancy import OccupancyMap
+    from verl_omni.sim.reference_policies import StraightPolicy
+
+    level = get_level("one_room")
+    cfg = SynthesisConfig(num_scenes=1, episodes_per_scene=1, floorplan=level.floorplan(),
+                          collector=CollectorConfig(min_goal_distance_m=level.min_goal_distance_m))  # fmt: skip
+    (tmp_path / "c" / "episodes").mkdir(parents=True)
+    collect_dagger_round(StraightPolicy, cfg, 3, 0.0, tmp_path / "c" / "episodes", tmp_path / "o", progress=False,
+                         max_steps=16)  # fmt: skip
+    rec = json.loads((tmp_path / "c" / "episodes" / "s0000_d000" / "episode.json").read_text())
+    occ = OccupancyMap.load(tmp_path / "o" / rec["scene_id"])
+    poses = np.asarray(rec["poses"])
+    clearance = occ.clearance_at(poses[:, :2])
+    contact = np.nonzero((clearance >= 0.2) & (clearance < 0.25))[0]
+    assert contact.tolist() == list(range(2, 17))  # pressed against the wall from step 2 on
+    queried = {q["t"]: q for q in rec["queries"]}
+    # Frame 2 was reached by a move; every later frame follows a refused step, a close call to be queried.
+    assert set(range(3, 17)) <= set(queried)
+    for t in range(3, 17):
+        ref = np.asarray(queried[t]["reference_poses"])
+        moves = np.nonzero(np.linalg.norm(np.diff(ref[:, :2], axis=0), axis=1) > 1e-9)[0]
+        first = ref[moves[0] + 1, :2]
+        assert occ.clearance_at(first) > clearance[t]  # the expert's first move backs away from the wall
+        assert (occ.clearance_at(ref[:, :2]) >= 0.2).all()  # and no pose of its way out touches anything

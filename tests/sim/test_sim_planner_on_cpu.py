@@ -153,3 +153,37 @@ def test_unreachable_goal_and_bad_config():
         ExpertPlanner(m, np.array([1.99, 1.0]))
     with pytest.raises(ValueError, match="step_length"):
         PlannerConfig(step_length=0.0)
+
+
+def test_contact_state_escapes_to_the_margin_by_hand():
+    # _open_room: rows 0-1 are wall, so a cell in row i (far from the other walls) is i - 1 cells from the wall
+    # and its clearance is (i - 1) * 0.05 - 0.025 m (distance to the blocked cell's edge):
+    # row 5: 0.175 (the 0.2 m disc overlaps the wall), row 6: 0.225 (free, but closer than the thin band's
+    # 0.2 + 0.05 = 0.25), row 7: 0.275 (thin band), row 9: 0.375 (the full 0.2 + 0.15 = 0.35 margin).
+    occ = _open_room()
+    cfg = PlannerConfig()
+    planner = ExpertPlanner(occ, np.array([10.0, 1.5]), cfg)
+    np.testing.assert_allclose(occ.clearance_m[5:10, 100], [0.175, 0.225, 0.275, 0.325, 0.375], atol=1e-6)
+    # The shortest escape is straight away from the wall: 3 cells (0.15 m) to row 9; any diagonal costs more.
+    assert planner.escape_cells(6, 100) == [(6, 100), (7, 100), (8, 100), (9, 100)]
+    assert planner.escape_cells(7, 100) == [(7, 100)]  # the thin field reaches it: no escape
+    assert planner.escape_cells(5, 100) is None  # in collision
+    # Within 0.1 m no cell has the full margin: the escape ends at the first thin-band cell instead.
+    near = ExpertPlanner(occ, np.array([10.0, 1.5]), PlannerConfig(escape_distance_m=0.1))
+    assert near.escape_cells(6, 100) == [(6, 100), (7, 100)]
+    assert ExpertPlanner(occ, np.array([10.0, 1.5]), PlannerConfig(escape_distance_m=0.0)).escape_cells(6, 100) is None
+
+    contact, colliding = occ.grid_to_world(np.array([6, 5]), np.array([100, 100]))
+    assert planner.reachable(np.stack([contact, colliding])).tolist() == [False, False]
+    assert planner.labelable(np.stack([contact, colliding])).tolist() == [True, False]
+    with pytest.raises(PlanningError, match="no collision-free path"):
+        planner.path(colliding)
+
+    # Facing the wall (yaw -90 degrees), the expert turns in place, backs off and drives on, never in contact.
+    poses, stop = planner.continuation(np.array([*contact, -math.pi / 2]), horizon=32)
+    assert stop[0] == 0  # 5 m from the goal: it drives, no STOP at once
+    moved = np.linalg.norm(np.diff(poses[:, :2], axis=0), axis=1) > 1e-9
+    first = int(np.argmax(moved))
+    assert first >= 1 and np.allclose(poses[: first + 1, :2], contact)  # turns only, at least one step
+    assert poses[first + 1, 1] > contact[1]  # the first move is away from the wall
+    assert not occ.disc_collides(resample_polyline(poses[:, :2][np.r_[True, moved]], 0.01), cfg.robot_radius).any()

@@ -328,9 +328,10 @@ def label_episode(
     occ = plan.occupancy()
     queries, references = [], {}
     times = query_times(poses, planner, close_calls, cfg)
-    # A learned driver (DAgger) can end up where the planner's map has no path (inside the robot-radius margin
-    # of furniture, i.e. in collision): the expert cannot label such a state, so it is not queried.
-    reachable = planner.reachable(poses[times, :2])
+    # A state the expert cannot plan from (in collision, or shut in away from the goal) is not queried. A robot
+    # pressed against a wall is not such a state: the planner escapes from it (``ExpertPlanner.labelable``), so
+    # the contacts a learner drives into are labelled with the expert's way out of them.
+    reachable = planner.labelable(poses[times, :2])
     # Where the named object is drawn in each query's current frame: the target of the Stage-II view-grounding
     # head (models.wnm.goal_probe.ObjectViewProbe), computed here because only the simulator knows the scene.
     bearing, reach = object_sightings(plan, poses[times], obj_index, cfg.camera)

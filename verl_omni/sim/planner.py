@@ -3,7 +3,10 @@
 1. Inflation. Planning runs on the occupancy grid with every cell closer than ``robot_radius + margin``
    to an obstacle blocked, so the path keeps a safety margin. A start inside that band (a policy that
    drifted close to a wall) first follows the field of a thinner inflation (``robot_radius`` plus one
-   cell) until it reaches the wide-margin free space.
+   cell) until it reaches the wide-margin free space. A start inside even that band but not in collision
+   (a robot pressed against a wall: its disc clears the wall by less than one cell) first escapes over
+   collision-free cells to the nearest cell with the full margin (at most ``escape_distance_m`` away), so
+   the expert can label the contact states a learner drives into.
 2. Descent. :meth:`OccupancyMap.geodesic_to` (8-connected Dijkstra) gives the distance-to-goal field;
    from the start cell the path repeatedly moves to the neighbour with the smallest value, which always
    decreases along the Dijkstra tree, until the goal cell.
@@ -44,6 +47,9 @@ class PlannerConfig:
         max_turn_rad: Largest yaw change per step.
         stop_distance: The expert stops when the remaining geodesic distance is at most this (metres).
         samples_per_metre: Collision samples along segments during smoothing.
+        escape_distance_m: Longest escape (metres) from a start the thin field does not reach (a collision-free
+            pose within one cell of the robot radius from an obstacle) back to the margin; 0: no escape, such
+            starts cannot be planned from (the behaviour before escapes existed).
     """
 
     robot_radius: float = ROBOT_RADIUS_M
@@ -52,12 +58,13 @@ class PlannerConfig:
     max_turn_rad: float = math.pi / 6
     stop_distance: float = 0.25
     samples_per_metre: float = 40.0
+    escape_distance_m: float = 0.5
 
     def __post_init__(self) -> None:
         for name in ("robot_radius", "step_length", "max_turn_rad", "samples_per_metre"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"PlannerConfig.{name}: must be > 0, got {getattr(self, name)}")
-        for name in ("clearance_margin", "stop_distance"):
+        for name in ("clearance_margin", "stop_distance", "escape_distance_m"):
             if not getattr(self, name) >= 0:
                 raise ValueError(f"PlannerConfig.{name}: must be >= 0, got {getattr(self, name)}")
         if self.max_turn_rad > math.pi:
@@ -215,30 +222,109 @@ class ExpertPlanner:
         return self.occ.geodesic_at(self.goal, xy)
 
     def reachable(self, xy: np.ndarray) -> np.ndarray:
-        """``bool [...]``: the planner can reach the goal from these points."""
+        """``bool [...]``: the thin field reaches these points (start sampling uses this, without escapes)."""
         rows, cols = self.occ.world_to_grid(xy)
         h, w = self.occ.shape
         inside = (rows >= 0) & (rows < h) & (cols >= 0) & (cols < w)
         rr, cc = np.clip(rows, 0, h - 1), np.clip(cols, 0, w - 1)
         return inside & np.isfinite(self._field_thin[rr, cc])
 
+    def labelable(self, xy: np.ndarray) -> np.ndarray:
+        """``bool [N]``: the expert can plan from these points ``[N, 2]``, escapes included.
+
+        A point the thin field reaches is labelable; so is a collision-free point within one cell of the
+        robot radius from an obstacle whose escape (:meth:`escape_cells`) exists.
+        """
+        xy = np.asarray(xy, np.float64).reshape(-1, 2)
+        ok = self.reachable(xy)
+        for i in np.nonzero(~ok)[0]:
+            r, c = (int(v) for v in self.occ.world_to_grid(xy[i]))
+            ok[i] = self.escape_cells(r, c) is not None
+        return ok
+
+    def escape_cells(self, row: int, col: int) -> list[tuple[int, int]] | None:
+        """Shortest walk from a cell the thin field does not reach back to the margin the expert keeps.
+
+        Dijkstra over 8-connected collision-free cells (clearance at least ``robot_radius``, the evaluator's
+        collision rule; a diagonal move needs both cells beside it free too, so the swept disc never cuts a
+        corner) to the nearest cell of the wide field (``robot_radius + clearance_margin`` clear), or, when
+        none lies within ``escape_distance_m``, to the nearest cell of the thin field. Backing off to the wide
+        margin first is what keeps the expert's way out of a contact off the wall: descending the thin field
+        from the wall would follow it at one cell of clearance. Written here rather than with
+        ``OccupancyMap.geodesic_to`` because the target is a set of cells and the search stays within a few
+        cells of the start.
+
+        Args:
+            row / col: Start cell.
+
+        Returns:
+            Cells from the start (first) to the escape's end (last); ``[(row, col)]`` when the thin field
+            reaches the start; ``None`` when the start is out of the map, in collision, or no thin-field cell
+            lies within ``escape_distance_m``.
+        """
+        import heapq
+
+        h, w = self.occ.shape
+        if not (0 <= row < h and 0 <= col < w):
+            return None
+        if np.isfinite(self._field_thin[row, col]):
+            return [(row, col)]
+        free = self.occ.clearance_m >= self.cfg.robot_radius
+        if not free[row, col] or self.cfg.escape_distance_m <= 0:
+            return None
+        res = self.occ.resolution
+        best = {(row, col): 0.0}
+        parent: dict[tuple[int, int], tuple[int, int]] = {}
+        heap = [(0.0, row, col)]
+        fallback = None
+
+        def walk(end: tuple[int, int]) -> list[tuple[int, int]]:
+            cells = [end]
+            while cells[-1] != (row, col):
+                cells.append(parent[cells[-1]])
+            return cells[::-1]
+
+        while heap:
+            d, r, c = heapq.heappop(heap)
+            if d > best[(r, c)]:
+                continue
+            if np.isfinite(self._field_wide[r, c]):
+                return walk((r, c))
+            if fallback is None and np.isfinite(self._field_thin[r, c]):
+                fallback = (r, c)
+            for dr, dc in _NEIGHBOURS:
+                nr, nc = r + int(dr), c + int(dc)
+                if not (0 <= nr < h and 0 <= nc < w) or not free[nr, nc]:
+                    continue
+                if dr and dc and not (free[r + dr, c] and free[r, c + dc]):
+                    continue
+                nd = d + res * math.hypot(dr, dc)
+                if nd <= self.cfg.escape_distance_m + 1e-9 and nd < best.get((nr, nc), math.inf):
+                    best[(nr, nc)] = nd
+                    parent[(nr, nc)] = (r, c)
+                    heapq.heappush(heap, (nd, nr, nc))
+        return None if fallback is None else walk(fallback)
+
     def grid_path(self, start_xy: np.ndarray, max_length_m: float = math.inf) -> np.ndarray:
         """Descends the geodesic field from the start cell; returns cell centres ``[K, 2]`` (metres).
 
-        Stops at the goal cell or after ``max_length_m`` of path (enough for a bounded-horizon continuation).
+        A start the thin field does not reach first takes its escape (:meth:`escape_cells`). Stops at the goal
+        cell or after ``max_length_m`` of path (enough for a bounded-horizon continuation).
 
         Raises:
             PlanningError: the start cell cannot reach the goal.
         """
-        h, w = self.occ.shape
         r, c = (int(v) for v in self.occ.world_to_grid(np.asarray(start_xy, np.float64)))
-        if not (0 <= r < h and 0 <= c < w) or not np.isfinite(self._field_thin[r, c]):
+        escape = self.escape_cells(r, c)
+        if escape is None:
             raise PlanningError(
                 f"scene {self.occ.scene_id!r}: no collision-free path from {list(start_xy)} to the goal"
             )
-        cells = [(r, c)]
-        length = 0.0
+        h, w = self.occ.shape
         res = self.occ.resolution
+        cells = list(escape)
+        length = sum(res * math.hypot(a[0] - b[0], a[1] - b[1]) for a, b in zip(cells, cells[1:]))
+        r, c = cells[-1]
         while True:
             fields = self._field_wide if np.isfinite(self._field_wide[r, c]) else self._field_thin
             here = fields[r, c]
