@@ -53,7 +53,7 @@ def test_relabelled_premature_stop_teaches_to_go_on(stop_round):
         rec = json.loads((ep_dir / "episode.json").read_text())
         assert len(rec["poses"]) == 1  # the learner stopped where it started
         assert rec["behaviour"] == {"type": "dagger", "beta": 0.0, "expert_calls": 0, "learner_calls": 1,
-                                    "success": False, "end_reason": "stop"}  # fmt: skip
+                                    "success": False, "end_reason": "stop", "blocked_steps": []}  # fmt: skip
         (q,) = rec["queries"]
         # The expert's label from the start pose moves (>= 3 m from the goal) and does not stop at once.
         assert q["reference_stop"][0] == 0
@@ -96,8 +96,8 @@ def test_contacts_the_learner_drives_into_are_labelled_with_a_way_out(tmp_path):
     cfg = SynthesisConfig(num_scenes=1, episodes_per_scene=1, floorplan=level.floorplan(),
                           collector=CollectorConfig(min_goal_distance_m=level.min_goal_distance_m))  # fmt: skip
     (tmp_path / "c" / "episodes").mkdir(parents=True)
-    collect_dagger_round(StraightPolicy, cfg, 3, 0.0, tmp_path / "c" / "episodes", tmp_path / "o", progress=False,
-                         max_steps=16)  # fmt: skip
+    summary = collect_dagger_round(StraightPolicy, cfg, 3, 0.0, tmp_path / "c" / "episodes", tmp_path / "o",
+                                   progress=False, max_steps=16)  # fmt: skip
     rec = json.loads((tmp_path / "c" / "episodes" / "s0000_d000" / "episode.json").read_text())
     occ = OccupancyMap.load(tmp_path / "o" / rec["scene_id"])
     poses = np.asarray(rec["poses"])
@@ -107,6 +107,9 @@ def test_contacts_the_learner_drives_into_are_labelled_with_a_way_out(tmp_path):
     queried = {q["t"]: q for q in rec["queries"]}
     # Frame 2 was reached by a move; every later frame follows a refused step, a close call to be queried.
     assert set(range(3, 17)) <= set(queried)
+    # The record keeps the refused steps (step i moves frame i to i + 1), and the summary counts the close calls.
+    assert rec["behaviour"]["blocked_steps"] == list(range(2, 16))
+    assert summary["close_calls"] == summary["close_calls_labelled"] == 14
     for t in range(3, 17):
         ref = np.asarray(queried[t]["reference_poses"])
         moves = np.nonzero(np.linalg.norm(np.diff(ref[:, :2], axis=0), axis=1) > 1e-9)[0]

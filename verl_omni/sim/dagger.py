@@ -195,7 +195,14 @@ def _label_job(job: tuple) -> dict:
     events: Counter = Counter()
     for q in episode.record["queries"]:
         events.update(q["events"])
-    return {"queries": len(episode.record["queries"]), "frames": len(episode.frames), "events": dict(events)}
+    queried = {q["t"] for q in episode.record["queries"]}
+    return {
+        "queries": len(episode.record["queries"]),
+        "frames": len(episode.frames),
+        "events": dict(events),
+        "close_calls": len(close),
+        "close_calls_labelled": sum(t in queried for t in close),
+    }
 
 
 def collect_dagger_round(
@@ -263,6 +270,9 @@ def collect_dagger_round(
             "learner_calls": calls[eid]["learner_calls"],
             "success": bool(res.success),
             "end_reason": res.end_reason,
+            # Motion steps whose translation the simulator refused (step i moves frame i to frame i + 1): the
+            # learner's contacts, kept so a later relabelling or analysis need not guess them from the poses.
+            "blocked_steps": [int(i) for i in np.nonzero(np.asarray(res.blocked, bool))[0]],
         }
         jobs.append((by_id[task.spec.scene_id], task, res.poses, res.blocked, res.end_reason == "stop", info, cfg,
                      str(episodes_dir)))  # fmt: skip
@@ -279,6 +289,10 @@ def collect_dagger_round(
         "queries": sum(s["queries"] for s in summaries),
         "frames": sum(s["frames"] for s in summaries),
         "events": {e: int(events.get(e, 0)) for e in EVENT_NAMES},
+        # Frames right after a refused step, and how many of them the expert labelled (all but those it cannot
+        # plan from; before the planner's escape, every contact closer than its thin band was dropped).
+        "close_calls": sum(s["close_calls"] for s in summaries),
+        "close_calls_labelled": sum(s["close_calls_labelled"] for s in summaries),
         "expert_call_share": calls_e / max(1, calls_e + calls_l),
         "behaviour_success_rate": float(np.mean([r.success for r in results])),
         "learner_only_episodes": len(learner_only),
