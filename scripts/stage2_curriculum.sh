@@ -22,6 +22,8 @@
 # with their own (ROUNDS=2: one DAgger round, 739 s on one H200 in session 15, where it raised the two_rooms SR from
 # 0.220 to 0.318; from session 19's round 0 in session 21 it lowered it from 0.237 to 0.158, so one DAgger round
 # spreads from -0.08 to +0.10 SR; docs/results.md).
+# All those rounds were collected before the expert could label a robot pressed against a wall (session 23): the
+# learner's contacts were dropped from its DAgger rows. Rounds run now label them; no such round has been measured.
 #
 # From a carried one_room checkpoint: with ONE_ROOM_FROM=CKPT (a one_room round 0 of an earlier run), steps 1 and 3
 # are skipped and the two_rooms collection is synthesized on all WORKERS before its rounds start from CKPT.
