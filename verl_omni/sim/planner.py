@@ -21,6 +21,7 @@
 
 from __future__ import annotations
 
+import heapq
 import math
 from dataclasses import dataclass
 
@@ -262,8 +263,6 @@ class ExpertPlanner:
             reaches the start; ``None`` when the start is out of the map, in collision, or no thin-field cell
             lies within ``escape_distance_m``.
         """
-        import heapq
-
         h, w = self.occ.shape
         if not (0 <= row < h and 0 <= col < w):
             return None
