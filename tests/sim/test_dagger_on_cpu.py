@@ -115,4 +115,5 @@ def test_contacts_the_learner_drives_into_are_labelled_with_a_way_out(tmp_path):
         moves = np.nonzero(np.linalg.norm(np.diff(ref[:, :2], axis=0), axis=1) > 1e-9)[0]
         first = ref[moves[0] + 1, :2]
         assert occ.clearance_at(first) > clearance[t]  # the expert's first move backs away from the wall
-        assert (occ.clearance_at(ref[:, :2]) >= 0.2).all()  # and no pose of its way out touches anything
+        # and no pose of its way out comes closer to anything than the robot already was (so none is in contact)
+        assert (occ.clearance_at(ref[:, :2]) >= clearance[t] - 1e-6).all()

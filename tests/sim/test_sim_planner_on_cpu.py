@@ -186,4 +186,7 @@ def test_contact_state_escapes_to_the_margin_by_hand():
     first = int(np.argmax(moved))
     assert first >= 1 and np.allclose(poses[: first + 1, :2], contact)  # turns only, at least one step
     assert poses[first + 1, 1] > contact[1]  # the first move is away from the wall
-    assert not occ.disc_collides(resample_polyline(poses[:, :2][np.r_[True, moved]], 0.01), cfg.robot_radius).any()
+    # The string pull may leave the wall at a slant (a shortcut at the start's own clearance), but the way out never
+    # comes closer to the wall than the robot already was: 0.225 m, so never in contact (0.2 m).
+    dense = resample_polyline(poses[:, :2][np.r_[True, moved]], 0.01)
+    assert occ.clearance_at(dense).min() >= 0.225 - 1e-6
