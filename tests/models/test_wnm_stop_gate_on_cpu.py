@@ -10,9 +10,13 @@ import torch
 
 from verl_omni.data.actions import ActionNormalization
 from verl_omni.models.wnm import CheckpointError, WNMConfig, WNMModel, load_wnm_checkpoint, save_wnm_checkpoint
+from verl_omni.models.wnm.checkpoint import derive_checkpoint
 from verl_omni.models.wnm.goal_probe import ObjectViewProbe
 from verl_omni.models.wnm.stop_gate import (
+    FIT_LABELS,
+    FIT_PREDICTIONS,
     StopGate,
+    calibrate_stop_distance,
     fit_stop_distance,
     gate_stop,
     load_stop_gate,
@@ -47,6 +51,58 @@ def test_fit_stop_distance_is_a_quantile_over_visible_stop_states():
     no_visible_stop, view2 = _rows([1, 0], [0, 1], [1.0, 1.0])
     with pytest.raises(ValueError, match="face-goal-object"):
         fit_stop_distance(no_visible_stop, view2)
+
+
+def test_calibrated_distance_is_a_quantile_of_predictions_at_the_goal_by_hand():
+    # Six states: geodesic 0.3 / 0.5 / 0.45 m are within the 0.5 m radius (0.5 counts), 0.6 and 2.0 m are not;
+    # the 0.45 m state does not see the object (logit -1). Counted predictions: 0.9, 1.3 (and not 1.0, 2.5, 0.2).
+    predicted = [0.9, 1.3, 1.0, 2.5, 0.2]
+    logit = [2.0, 0.5, -1.0, 3.0, 1.0]
+    geodesic = [0.3, 0.5, 0.45, 0.6, 2.0]
+    assert calibrate_stop_distance(predicted, logit, geodesic, 0.5, 1.0) == pytest.approx(1.3)
+    assert calibrate_stop_distance(predicted, logit, geodesic, 0.5, 0.5) == pytest.approx(1.1)  # midway 0.9..1.3
+    # A per-state radius: with 0.7 m for the fourth state its 2.5 m prediction counts too -> max 2.5.
+    assert calibrate_stop_distance(predicted, logit, geodesic, [0.5, 0.5, 0.5, 0.7, 0.5], 1.0) == pytest.approx(2.5)
+    with pytest.raises(ValueError, match="no state within the success radius"):
+        calibrate_stop_distance(predicted, logit, geodesic, 0.1)
+    with pytest.raises(ValueError, match="quantile"):
+        calibrate_stop_distance(predicted, logit, geodesic, 0.5, 0.0)
+    with pytest.raises(ValueError, match="one shape"):
+        calibrate_stop_distance(predicted[:2], logit, geodesic, 0.5)
+
+
+def test_derived_checkpoint_replaces_named_files_and_copies_the_rest_bit_for_bit(tmp_path):
+    model = _tiny_model()
+    gate = StopGate(ObjectViewProbe(model.config.dim), stop_distance_m=1.9)
+    src = save_wnm_checkpoint(model, tmp_path / "src", {"round": 0}, readme="card\n", stop_gate=gate)
+    config = json.loads((src / "stop_gate" / "config.json").read_text())
+    assert config["fitted_on"] == FIT_LABELS
+    config.update(stop_distance_m=1.25, fitted_on=FIT_PREDICTIONS)
+    new = {"stop_gate/config.json": json.dumps(config).encode(), "README.md": b"card\nmore\n"}
+    out = derive_checkpoint(src, tmp_path / "out", new, {"stop_gate_calibration": {"quantile": 0.9}})
+    loaded = load_stop_gate(out)
+    assert loaded.stop_distance_m == 1.25 and loaded.fitted_on == FIT_PREDICTIONS
+    assert (out / "README.md").read_text() == "card\nmore\n"
+    src_files = json.loads((src / "checkpoint_manifest.json").read_text())["files"]
+    manifest = json.loads((out / "checkpoint_manifest.json").read_text())
+    assert set(manifest["files"]) == set(src_files)
+    for name, entry in src_files.items():
+        assert (manifest["files"][name] == entry) == (name not in new), name
+        if name not in new:
+            assert (out / name).read_bytes() == (src / name).read_bytes()
+    prov = manifest["provenance"]
+    assert prov["round"] == 0 and prov["stop_gate_calibration"] == {"quantile": 0.9}
+    assert len(prov["derived_from"]["manifest_sha256"]) == 64
+    load_wnm_checkpoint(out)  # every file verifies against the new manifest
+    # Never overwrites, never adds files, and refuses a source that fails its sha256.
+    with pytest.raises(FileExistsError):
+        derive_checkpoint(src, out, {}, {})
+    with pytest.raises(CheckpointError, match="not files of this checkpoint"):
+        derive_checkpoint(src, tmp_path / "o2", {"extra.json": b"{}"}, {})
+    (src / "README.md").write_text("tampered")
+    with pytest.raises(CheckpointError, match="sha256"):
+        derive_checkpoint(src, tmp_path / "o3", {}, {})
+    assert not (tmp_path / "o2").exists() and not (tmp_path / "o3").exists()
 
 
 def test_stop_allowed_by_hand():

@@ -300,6 +300,69 @@ def save_wnm_checkpoint(
     return out_dir
 
 
+def derive_checkpoint(
+    src_dir: str | Path, out_dir: str | Path, replace_files: dict[str, bytes], provenance_update: dict
+) -> Path:
+    """A copy of a verified checkpoint with some of its small files replaced; never overwrites.
+
+    For changes that leave the weights alone (a re-fitted STOP gate distance, a model card): every other file is
+    copied byte for byte, so the derived checkpoint's weights are bit-identical to the source's whatever their
+    dtype, which loading and saving again would not guarantee.
+
+    Args:
+        src_dir: A complete checkpoint; every file is verified against its manifest first.
+        out_dir: Target directory; must not exist. Written under a temporary sibling name, then renamed.
+        replace_files: ``{relative name: new bytes}``; each name must already be in the source's manifest.
+        provenance_update: Keys added to (or replacing those of) the source manifest's ``provenance``; the
+            source's manifest sha256 is recorded as ``provenance["derived_from"]``.
+
+    Returns:
+        The derived checkpoint directory.
+
+    Raises:
+        CheckpointError: the source fails verification or a replaced name is not one of its files.
+        FileExistsError: ``out_dir`` exists.
+    """
+    src_dir, out_dir = Path(src_dir), Path(out_dir)
+    manifest = read_manifest(src_dir)
+    verify_files(src_dir, manifest)
+    unknown = sorted(set(replace_files) - set(manifest["files"]))
+    if unknown:
+        raise CheckpointError(f"{src_dir / MANIFEST_NAME}: {unknown} are not files of this checkpoint")
+    if out_dir.exists():
+        raise FileExistsError(
+            f"{out_dir}: already exists; choose a new output directory (checkpoints are never overwritten)"
+        )
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out_dir.parent / f".{out_dir.name}.tmp-{os.getpid()}"
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    try:
+        tmp.mkdir()
+        for name in manifest["files"]:
+            (tmp / name).parent.mkdir(parents=True, exist_ok=True)
+            if name in replace_files:
+                (tmp / name).write_bytes(replace_files[name])
+            else:
+                shutil.copy2(src_dir / name, tmp / name)
+        provenance = dict(manifest.get("provenance") or {})
+        provenance.update(json.loads(canonical_json(provenance_update)))
+        provenance["derived_from"] = {"path": str(src_dir.resolve()),
+                                      "manifest_sha256": file_sha256(src_dir / MANIFEST_NAME)}  # fmt: skip
+        derived = dict(manifest)
+        derived["created_utc"] = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
+        derived["provenance"] = provenance
+        derived["files"] = {
+            name: {"sha256": file_sha256(tmp / name), "bytes": (tmp / name).stat().st_size} for name in _list_files(tmp)
+        }
+        _write_json(tmp / MANIFEST_NAME, derived)
+        os.rename(tmp, out_dir)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out_dir
+
+
 def model_index() -> dict:
     """The ``model_index.json`` of a complete checkpoint: names the vLLM-Omni pipeline class."""
     return {"_class_name": PIPELINE_CLASS_NAME, "format": CHECKPOINT_FORMAT}

@@ -30,6 +30,8 @@ from .goal_probe import DISTANCE_SCALE_M, ObjectViewProbe
 GATE_DIR = "stop_gate"
 GATE_WEIGHTS = "model.safetensors"
 GATE_KIND = "object_view"
+FIT_LABELS = "expert_stop_labels"
+FIT_PREDICTIONS = "predictions_at_goal"
 
 
 def fit_stop_distance(
@@ -57,6 +59,55 @@ def fit_stop_distance(
             "with --face-goal-object so that the expert faces the object before STOP"
         )
     return float(torch.quantile(goal_view[rows, 3].double() * DISTANCE_SCALE_M, quantile))
+
+
+def calibrate_stop_distance(
+    predicted_m: np.ndarray,
+    visible_logit: np.ndarray,
+    geodesic_m: np.ndarray,
+    success_radius: np.ndarray | float,
+    quantile: float = 0.9,
+) -> float:
+    """Stopping distance fitted on the head's own predictions at states where a STOP would succeed.
+
+    Why: :func:`fit_stop_distance` takes a quantile of the *label* distance over every state whose expert chunk
+    stops within ``within_steps`` (8) steps, i.e. states up to about 2 m before the STOP pose, and the gate then
+    compares the head's *prediction* with it. Measured on Stage-II checkpoints, that lets through most STOPs
+    asked 0.5-1 m short of the goal radius. This fit uses the quantity the gate compares (the prediction) at the
+    states where the evaluator counts a STOP as success (geodesic distance within the success radius), on states
+    an expert reaches in closed loop (``tools/eval/stop_probe.py`` on a validation seed).
+
+    Args:
+        predicted_m: ``[N]`` the head's predicted distance to the named object (:func:`predicted_distance_m`).
+        visible_logit: ``[N]`` the head's in-view logit (the gate needs > 0 anyway).
+        geodesic_m: ``[N]`` true geodesic distance from the robot to the goal.
+        success_radius: ``[N]`` or scalar success radius of each state's episode, metres.
+        quantile: Share of the visible at-goal states whose STOP the gate must let through.
+
+    Returns:
+        The ``quantile`` of ``predicted_m`` over states with ``geodesic_m <= success_radius`` and a positive
+        logit (linear interpolation, as :func:`torch.quantile`).
+
+    Raises:
+        ValueError: a quantile outside (0, 1], arrays of different lengths, or no visible at-goal state.
+    """
+    if not 0.0 < quantile <= 1.0:
+        raise ValueError(f"calibrate_stop_distance: quantile must be in (0, 1], got {quantile!r}")
+    predicted_m, visible_logit, geodesic_m = (np.asarray(a, np.float64) for a in (predicted_m, visible_logit,
+                                                                                    geodesic_m))  # fmt: skip
+    radius = np.broadcast_to(np.asarray(success_radius, np.float64), geodesic_m.shape)
+    if not predicted_m.shape == visible_logit.shape == geodesic_m.shape:
+        raise ValueError(
+            f"calibrate_stop_distance: predicted_m {predicted_m.shape}, visible_logit {visible_logit.shape} and "
+            f"geodesic_m {geodesic_m.shape} must have one shape"
+        )
+    rows = (geodesic_m <= radius) & (visible_logit > 0)
+    if not rows.any():
+        raise ValueError(
+            "calibrate_stop_distance: no state within the success radius where the head sees the object; probe "
+            "more episodes (the expert must reach the goal facing the object: --goal-point nearest)"
+        )
+    return float(np.quantile(predicted_m[rows], quantile))
 
 
 def predicted_distance_m(prediction):
@@ -116,12 +167,15 @@ class StopGate:
         stop_distance_m: Largest predicted object distance at which STOP passes.
         quantile: The quantile :func:`fit_stop_distance` used (recorded for the model card).
         within_steps: The STOP window :func:`fit_stop_distance` and :func:`gate_stop` use.
+        fitted_on: What ``stop_distance_m`` is a quantile of: ``"expert_stop_labels"`` (:func:`fit_stop_distance`,
+            in training) or ``"predictions_at_goal"`` (:func:`calibrate_stop_distance`).
     """
 
     head: ObjectViewProbe
     stop_distance_m: float
     quantile: float = 0.9
     within_steps: int = 8
+    fitted_on: str = FIT_LABELS
 
     @torch.no_grad()
     def predict(self, transformer, context, seeds: list[int]) -> torch.Tensor:
@@ -155,7 +209,7 @@ class StopGate:
         folder.mkdir()
         dim = self.head.net[0].normalized_shape[0]
         config = {"kind": GATE_KIND, "dim": dim, "stop_distance_m": self.stop_distance_m, "quantile": self.quantile,
-                  "within_steps": self.within_steps}  # fmt: skip
+                  "within_steps": self.within_steps, "fitted_on": self.fitted_on}  # fmt: skip
         (folder / CONFIG_NAME).write_text(json.dumps(config, indent=1, sort_keys=True) + "\n")
         save_file({k: v.detach().cpu().contiguous() for k, v in self.head.state_dict().items()}, folder / GATE_WEIGHTS)
 
@@ -183,7 +237,7 @@ def load_stop_gate(ckpt_dir: str | Path, device: str | torch.device = "cpu") -> 
         head = ObjectViewProbe(int(config["dim"]))
         head.load_state_dict(load_file(folder / GATE_WEIGHTS))
         gate = StopGate(head.to(device).eval(), float(config["stop_distance_m"]), float(config["quantile"]),
-                        int(config["within_steps"]))  # fmt: skip
+                        int(config["within_steps"]), str(config.get("fitted_on", FIT_LABELS)))  # fmt: skip
     except (KeyError, TypeError, ValueError, RuntimeError) as e:
         raise CheckpointError(f"{folder}: malformed stop gate ({e}); see {MANIFEST_NAME} for what was saved") from e
     return gate
