@@ -174,3 +174,23 @@ def test_stop_gate_decisions_are_reported(tool, tiny_checkpoint, tmp_path, capsy
     outside = sum(ep["geodesic"][n["step"]] > 0.5 for ep, n in notes)
     assert gate["allowed_outside_radius"] == outside
     assert "STOP gate:" in capsys.readouterr().out
+
+
+def test_only_episodes_keeps_each_episode_as_drawn(tool, tmp_path, capsys):
+    """--only-episodes: the listed episodes of the drawn set, each with its own start, goal and seed."""
+    base = ["--policy", "expert", "--level", "one_room", "--synthesize", "1", "--episodes", "3", "--seed", "2",
+            "--no-progress"]  # fmt: skip
+    assert tool.main([*base, "--output-dir", str(tmp_path / "all")]) == 0
+    everything = json.loads((tmp_path / "all" / "report.json").read_text())
+    ids = tmp_path / "ids.txt"
+    ids.write_text("h0000_ev002\n\nh0000_ev000\n")
+    assert tool.main([*base, "--only-episodes", str(ids), "--output-dir", str(tmp_path / "some")]) == 0
+    some = json.loads((tmp_path / "some" / "report.json").read_text())
+    drawn = {e["episode_id"]: e for e in everything["episodes"]}
+    assert [e["episode_id"] for e in some["episodes"]] == ["h0000_ev000", "h0000_ev002"]  # the drawn order
+    assert some["episodes"] == [drawn["h0000_ev000"], drawn["h0000_ev002"]]
+    runs = everything["runs"]["policy:expert"]["episodes"]
+    assert some["runs"]["policy:expert"]["episodes"] == [runs[0], runs[2]]
+    ids.write_text("h0000_ev009\n")
+    assert tool.run_cli(tool.main, [*base, "--only-episodes", str(ids), "--output-dir", str(tmp_path / "x")]) != 0
+    assert "h0000_ev009" in capsys.readouterr().err and not (tmp_path / "x").exists()

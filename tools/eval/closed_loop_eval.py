@@ -112,6 +112,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--fov-deg", type=float, default=90.0, help="camera field of view (default 90, as synthesized)")
     p.add_argument("--scene-size-m", type=float, nargs=2, default=[8.0, 6.0], metavar=("W", "H"), help="--synthesize")
     p.add_argument("--max-rooms", type=positive_int, default=5, help="rooms per synthesized scene (default 5)")
+    p.add_argument(
+        "--only-episodes",
+        type=Path,
+        metavar="FILE",
+        help="evaluate only these episode ids (one per line) of the drawn set; every episode keeps its start, goal "
+        "and noise seed (tools/eval/gate_replay.py writes such a file)",
+    )
     p.add_argument("--plot-episodes", type=positive_int, default=3, help="episodes drawn per scene (default 3)")
     p.add_argument("--output-dir", required=True, type=Path, help="folder for report.json and trajectories.png")
     p.add_argument("--no-progress", action="store_true", help="disable progress bars")
@@ -199,6 +206,29 @@ def _validate(args: argparse.Namespace) -> None:
     if args.output_dir.exists() and not args.output_dir.is_dir():
         raise CliError(f"--output-dir {args.output_dir}: exists and is not a directory")
     _refuse_existing(_outputs(args.output_dir, args.synthesize > 0))
+
+
+def _only_episodes(specs: list, path: Path) -> list:
+    """The specs whose ids ``path`` lists (one per line, blank lines ignored), in the drawn order.
+
+    Raises:
+        CliError: the file cannot be read, lists nothing, or lists an id that was not drawn.
+    """
+    try:
+        wanted = [line.strip() for line in path.read_text().splitlines() if line.strip()]
+    except OSError as e:
+        raise CliError(f"--only-episodes {path}: cannot read it ({e})") from e
+    if not wanted:
+        raise CliError(f"--only-episodes {path}: lists no episode id")
+    drawn = {s.episode_id for s in specs}
+    unknown = [w for w in wanted if w not in drawn]
+    if unknown:
+        raise CliError(
+            f"--only-episodes {path}: {unknown[:5]} ({len(unknown)} in all) are not among the {len(specs)} drawn "
+            "episodes; use the --seed, --episodes and scenes of the run the ids come from"
+        )
+    keep = set(wanted)
+    return [s for s in specs if s.episode_id in keep]
 
 
 def _configs(args: argparse.Namespace):
@@ -362,6 +392,8 @@ def main(argv: list[str] | None = None) -> int:
         specs = sample_episode_specs(list(plans.values()), args.episodes, args.seed, task_cfg)
     except SceneError as e:
         raise CliError(f"cannot draw episodes: {e}") from e
+    if args.only_episodes is not None:
+        specs = _only_episodes(specs, args.only_episodes)
     print(f"{len(specs)} episodes over {len(plans)} scenes ({', '.join(plans)})")
 
     entries = ([("checkpoint", args.checkpoint)] if args.checkpoint else []) + (
