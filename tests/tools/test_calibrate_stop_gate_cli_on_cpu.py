@@ -25,9 +25,14 @@ def _call(geodesic, predicted, logit=1.0, episode="e0"):
             "gate_distance_m": predicted, "gate_visible_logit": logit}  # fmt: skip
 
 
-def _report(tmp_path, ckpt, calls, stop_gate=True):
-    report = {"format": "wnm-stop-probe/1", "arguments": {"stop_gate": stop_gate, "seed": 1000, "level": "two_rooms"},
-              "checkpoints": {"r0": str(ckpt)}, "calls": calls}  # fmt: skip
+_NO_SEED = object()
+
+
+def _report(tmp_path, ckpt, calls, stop_gate=True, seed=1000):
+    arguments = {"stop_gate": stop_gate, "level": "two_rooms"}
+    if seed is not _NO_SEED:
+        arguments["seed"] = seed
+    report = {"format": "wnm-stop-probe/1", "arguments": arguments, "checkpoints": {"r0": str(ckpt)}, "calls": calls}
     path = tmp_path / "report.json"
     path.write_text(json.dumps(report))
     return path
@@ -81,3 +86,31 @@ def test_refusals_name_what_to_change(gated_checkpoint, tmp_path, capsys):
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps({"format": "something else"}))
     fails(bad, "wnm-stop-probe/1")
+
+
+def test_probe_on_the_heldout_seed_is_refused_unless_allowed(gated_checkpoint, tmp_path, capsys):
+    tool = load_script("tools/eval/calibrate_stop_gate.py")
+    calls = [_call(0.2, 0.8), _call(0.3, 1.2)]
+
+    def run(report, out, *extra):
+        args = ["--checkpoint", str(gated_checkpoint), "--probe-report", str(report), "--output", str(out), *extra]
+        return tool.run_cli(tool.main, args)
+
+    # Seed 2000 is the default held-out seed: refused with exit 2, nothing written.
+    assert run(_report(tmp_path, gated_checkpoint, calls, seed=2000), tmp_path / "a") == 2
+    err = capsys.readouterr().err
+    assert "seed 2000, the held-out evaluation seed" in err and "--allow-heldout-seed" in err
+    assert not (tmp_path / "a").exists()
+    # A report that does not record its seed cannot be checked: refused too.
+    assert run(_report(tmp_path, gated_checkpoint, calls, seed=_NO_SEED), tmp_path / "b") == 2
+    assert "'arguments.seed' is missing" in capsys.readouterr().err
+    assert not (tmp_path / "b").exists()
+    # --heldout-seed moves the refusal: the validation seed 1000 named as held out is refused.
+    assert run(_report(tmp_path, gated_checkpoint, calls, seed=1000), tmp_path / "c", "--heldout-seed", "1000") == 2
+    assert "seed 1000, the held-out evaluation seed" in capsys.readouterr().err
+    # Deliberate analysis: allowed with a warning, and the new checkpoint's provenance says so.
+    out = tmp_path / "d"
+    assert run(_report(tmp_path, gated_checkpoint, calls, seed=2000), out, "--allow-heldout-seed") == 0
+    assert "warning:" in capsys.readouterr().err
+    prov = json.loads((out / "checkpoint_manifest.json").read_text())["provenance"]["stop_gate_calibration"]
+    assert prov["probe"]["seed"] == 2000 and prov["heldout_seed"] == 2000 and prov["allow_heldout_seed"] is True

@@ -9,7 +9,8 @@ goal through. This tool fits it instead on the quantity the gate compares, the h
 where a STOP would succeed: a quantile of the predicted distance over the calls of a STOP probe
 (``tools/eval/stop_probe.py --stop-gate``) whose true geodesic distance is within the success radius.
 
-Run the probe on a *validation* seed, never on the held-out seed you report:
+Run the probe on a *validation* seed, never on the held-out seed you report (the tool refuses a probe report whose
+seed is ``--heldout-seed``, 2000 by default, or that records no seed, unless ``--allow-heldout-seed``):
 
     python tools/eval/stop_probe.py --checkpoint CKPT --stop-gate --level two_rooms --synthesize 40 --seed 1000 \\
         --episodes 120 --goal-point nearest --execute-steps 3 --output-dir PROBE
@@ -37,6 +38,8 @@ from verl_omni.data.cli_common import CliError, fraction, run_cli  # noqa: E402
 PROBE_FORMAT = "wnm-stop-probe/1"
 # The probe's settings kept in the new checkpoint's provenance.
 PROBE_KEYS = ("level", "seed", "synthesize", "episodes", "goal_point", "execute_steps", "num_steps", "success_radius")
+# The held-out evaluation seed reported across docs/results; a gate fitted on its episodes has seen the test set.
+DEFAULT_HELDOUT_SEED = 2000
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -46,7 +49,50 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--label", help="the checkpoint's label in the report (default: the one with this path)")
     p.add_argument("--quantile", type=fraction, default=0.9, help="share of at-goal states to let through (0.9)")
     p.add_argument("--output", type=Path, required=True, help="new checkpoint folder (must not exist)")
+    p.add_argument(
+        "--heldout-seed",
+        type=int,
+        default=DEFAULT_HELDOUT_SEED,
+        help=f"held-out evaluation seed; a probe report drawn from it is refused ({DEFAULT_HELDOUT_SEED})",
+    )
+    p.add_argument(
+        "--allow-heldout-seed",
+        action="store_true",
+        help="accept a probe on the held-out seed, or one that records no seed (analysis only; "
+        "results reported on that seed are then no longer held out)",
+    )
     return p
+
+
+def check_probe_seed(report: dict, heldout_seed: int, allow: bool, where: Path) -> None:
+    """Refuses a probe report drawn from the held-out evaluation seed, or one that does not say its seed.
+
+    Fitting the STOP distance on the held-out episodes leaks the test set into the checkpoint, so the success rate
+    later reported on that seed would no longer be a held-out number.
+
+    Args:
+        report: The parsed ``stop_probe.py`` report; its seed is ``report["arguments"]["seed"]``.
+        heldout_seed: The seed reported as held out (``--heldout-seed``).
+        allow: ``--allow-heldout-seed``: warn on stderr instead of refusing.
+        where: The report's path, for messages.
+
+    Raises:
+        CliError: (exit 2) the seed is the held-out one or absent, and ``allow`` is false.
+    """
+    seed = (report.get("arguments") or {}).get("seed")
+    if seed is None:
+        problem = (f"--probe-report {where}: field 'arguments.seed' is missing, so it cannot be checked against the "
+                   f"held-out seed {heldout_seed}")  # fmt: skip
+    elif seed == heldout_seed:
+        problem = (f"--probe-report {where}: the probe's episodes were drawn from seed {seed}, the held-out "
+                   "evaluation seed (--heldout-seed); calibrating on them leaks the test set")  # fmt: skip
+    else:
+        return
+    if not allow:
+        raise CliError(f"{problem}. Run stop_probe.py again with a validation --seed (e.g. 1000), or pass "
+                       "--allow-heldout-seed for a deliberate analysis")  # fmt: skip
+    print(f"warning: {problem}; going on because of --allow-heldout-seed (do not report results on seed "
+          f"{heldout_seed} for this checkpoint as held out)", file=sys.stderr)  # fmt: skip
 
 
 def _pick_label(report: dict, checkpoint: Path, label: str | None, where: Path) -> str:
@@ -122,6 +168,7 @@ def main(argv: list[str] | None = None) -> int:
         raise CliError(f"--probe-report {args.probe_report}: field 'format' must be {PROBE_FORMAT!r} (stop_probe.py)")
     if not (report.get("arguments") or {}).get("stop_gate"):
         raise CliError(f"--probe-report {args.probe_report}: the probe ran without --stop-gate; run it again with it")
+    check_probe_seed(report, args.heldout_seed, args.allow_heldout_seed, args.probe_report)
 
     from verl_omni.contracts import CONFIG_NAME, read_manifest
     from verl_omni.models.wnm import CheckpointError
@@ -173,6 +220,9 @@ def main(argv: list[str] | None = None) -> int:
             "at_goal_calls": at_goal,
             "probe": {k: probe_args.get(k) for k in PROBE_KEYS},
             "probe_label": label,
+            # Kept so a checkpoint fitted on the held-out seed under --allow-heldout-seed says so.
+            "heldout_seed": args.heldout_seed,
+            "allow_heldout_seed": args.allow_heldout_seed,
             "pass_rates_before": rows_old,
             "pass_rates_after": rows_new,
         }

@@ -20,11 +20,13 @@ model in local variables; any error raises before anything is returned, so loadi
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import json
 import math
 import os
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -225,6 +227,39 @@ def _save_frozen(model: WNMModel, root: Path, max_shard_bytes: int) -> None:
         save_state_dict(model.geometry_encoder.state_dict(), geo, max_shard_bytes)
 
 
+@contextlib.contextmanager
+def _staged_checkpoint_dir(out_dir: Path) -> Iterator[Path]:
+    """A temporary sibling of ``out_dir`` to write a checkpoint into, renamed to ``out_dir`` on success.
+
+    Readers never see a half-written checkpoint under the final name: either the rename happens after the
+    body completed, or the temporary folder is removed and the error propagates.
+
+    Args:
+        out_dir: Target directory; must not exist (checkpoints are never overwritten).
+
+    Yields:
+        The empty temporary folder ``<parent>/.<name>.tmp-<pid>``.
+
+    Raises:
+        FileExistsError: ``out_dir`` exists.
+    """
+    if out_dir.exists():
+        raise FileExistsError(
+            f"{out_dir}: already exists; choose a new output directory (checkpoints are never overwritten)"
+        )
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out_dir.parent / f".{out_dir.name}.tmp-{os.getpid()}"
+    if tmp.exists():  # stale: left by a crashed earlier process that had this pid
+        shutil.rmtree(tmp)
+    try:
+        tmp.mkdir()
+        yield tmp
+        os.rename(tmp, out_dir)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
 def save_wnm_checkpoint(
     model: WNMModel,
     out_dir: str | Path,
@@ -251,16 +286,7 @@ def save_wnm_checkpoint(
     if not isinstance(model, WNMModel):
         raise TypeError(f"save_wnm_checkpoint needs a WNMModel, got {type(model).__name__}")
     out_dir = Path(out_dir)
-    if out_dir.exists():
-        raise FileExistsError(
-            f"{out_dir}: already exists; choose a new output directory (checkpoints are never overwritten)"
-        )
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out_dir.parent / f".{out_dir.name}.tmp-{os.getpid()}"
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    tmp.mkdir()
-    try:
+    with _staged_checkpoint_dir(out_dir) as tmp:
         cfg = model.config
         contract = contract_of(cfg, model.action_normalization)
         _write_json(
@@ -293,10 +319,6 @@ def save_wnm_checkpoint(
             "files": files,
         }
         _write_json(tmp / MANIFEST_NAME, manifest)
-        os.rename(tmp, out_dir)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return out_dir
 
 
@@ -329,16 +351,7 @@ def derive_checkpoint(
     unknown = sorted(set(replace_files) - set(manifest["files"]))
     if unknown:
         raise CheckpointError(f"{src_dir / MANIFEST_NAME}: {unknown} are not files of this checkpoint")
-    if out_dir.exists():
-        raise FileExistsError(
-            f"{out_dir}: already exists; choose a new output directory (checkpoints are never overwritten)"
-        )
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out_dir.parent / f".{out_dir.name}.tmp-{os.getpid()}"
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    try:
-        tmp.mkdir()
+    with _staged_checkpoint_dir(out_dir) as tmp:
         for name in manifest["files"]:
             (tmp / name).parent.mkdir(parents=True, exist_ok=True)
             if name in replace_files:
@@ -356,10 +369,6 @@ def derive_checkpoint(
             name: {"sha256": file_sha256(tmp / name), "bytes": (tmp / name).stat().st_size} for name in _list_files(tmp)
         }
         _write_json(tmp / MANIFEST_NAME, derived)
-        os.rename(tmp, out_dir)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return out_dir
 
 
