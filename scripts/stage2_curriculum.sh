@@ -27,6 +27,17 @@
 # round from the same round 0 again with them (768 s on one H200) and got 0.233 instead of 0.158 (round 0: 0.237),
 # with collisions per episode halved (4.31 -> 2.26).
 #
+# Chained DAgger rounds: with CHAINED_ROUNDS=N, round 0 is followed by N DAgger rounds, each one train_stage2.py run
+# in RUN_DIR/two_rooms_chain_<k> whose round 0 is the previous round's checkpoint unchanged and whose round 1 is a
+# DAgger round driven from it over the REPLAY_SCENES replay collection (made once, hard-linked into the later
+# rounds) plus its own rows; round 0 is TWO_ROOMS_FROM if given, else the two_rooms round 0 trained by steps 1-4
+# (which then train round 0 only). Every chained round drives the same DAGGER_SCENES scenes with the newer policy.
+# Issue 17's Stage-II checkpoint came from this (docs/results.md, session 25): session 19's round 0 (from scratch,
+# ROUND0_SFT_AUTOCAST=bfloat16) -> 0.237, chained round 1 -> 0.233 (session 24), chained round 2 -> 0.297-0.300
+# (session 25, one H100, 1,109 s beside a Stage-III run), all float32 rounds, seed 0:
+#
+#   ROUND0_SFT_AUTOCAST=bfloat16 CHAINED_ROUNDS=2 bash scripts/stage2_curriculum.sh RUN
+#
 # From a carried one_room checkpoint: with ONE_ROOM_FROM=CKPT (a one_room round 0 of an earlier run), steps 1 and 3
 # are skipped and the two_rooms collection is synthesized on all WORKERS before its rounds start from CKPT.
 #
@@ -38,7 +49,8 @@
 # DAGGER_EXECUTE_STEPS (3: steps the DAgger behaviour policy executes per call, as the evaluation replans; 8 drives
 # whole chunks), TWO_ROOMS_EVAL_ROUNDS (the two_rooms rounds to evaluate, e.g. "1"; default all),
 # TWO_ROOMS_EVAL_PLAIN (1; 0 evaluates the two_rooms rounds with their STOP gate only, one closed-loop pass a round
-# less), TWO_ROOMS_FROM and REPLAY_SCENES (above), STAGE2_MODEL (the model's --set flags; default the 8-layer x 256
+# less), TWO_ROOMS_FROM, REPLAY_SCENES and CHAINED_ROUNDS (above), ROUND0_SFT_AUTOCAST (--sft-autocast of the
+# two round-0 trainings of steps 3-4 only, e.g. bfloat16; default float32), STAGE2_MODEL (the model's --set flags; default the 8-layer x 256
 # model below). Extra flags go to every train_stage2.py call after the recipe's own, so they override it (e.g.
 # --eval-episodes 100, or --dagger-share 0.05 to draw that share of every DAgger-round batch from the round's own
 # rows instead of their share of the aggregate, about 10% here; not yet measured on the GPU). The recipe is the one docs/results.md reports (session 11: one H200, 8-layer x 256 model,
@@ -64,6 +76,13 @@ SEED=${SEED:-0}
 ONE_ROOM_STEPS=${ONE_ROOM_STEPS:-2000}
 TWO_ROOMS_STEPS=${TWO_ROOMS_STEPS:-2000}
 ROUND_STEPS=${ROUND_STEPS:-1000}
+CHAINED_ROUNDS=${CHAINED_ROUNDS:-0}
+if ! [[ "$CHAINED_ROUNDS" =~ ^[0-9]+$ ]]; then
+  echo "CHAINED_ROUNDS=$CHAINED_ROUNDS: expected a whole number of chained DAgger rounds (0 = none)" >&2
+  exit 2
+fi
+ROUND0_AUTOCAST=()
+if [ -n "${ROUND0_SFT_AUTOCAST:-}" ]; then ROUND0_AUTOCAST=(--sft-autocast "$ROUND0_SFT_AUTOCAST"); fi
 ONE_EVAL=()
 if [ "${ONE_ROOM_EVAL:-1}" = 0 ]; then ONE_EVAL=(--eval-rounds); fi
 TWO_EVAL=()
@@ -83,17 +102,45 @@ TWO=(--workdir "$RUN/two_rooms" --level two_rooms --scenes "$TWO_ROOMS_SCENES")
 
 stamp() { echo "[curriculum $(date +%H:%M:%S)] $*"; }
 
+# chain_rounds FROM [extra flags]: CHAINED_ROUNDS DAgger rounds, round k one train_stage2.py run from round k-1.
+chain_rounds() {
+  local from=$1 k dir prev=""
+  shift
+  local eval_flags=(--eval-rounds 1)
+  if [ "${TWO_ROOMS_EVAL_PLAIN:-1}" = 0 ]; then eval_flags+=(--no-eval-plain); fi
+  for k in $(seq 1 "$CHAINED_ROUNDS"); do
+    dir="$RUN/two_rooms_chain_$k"
+    # The replay collection depends only on the task flags, the same in every round: synthesize it once.
+    if [ -n "$prev" ] && [ ! -e "$dir/data/r0" ] && [ -f "$prev/data/r0/collection.json" ]; then
+      mkdir -p "$dir/data"
+      cp -al "$prev/data/r0" "$dir/data/r0"
+      cp -al "$prev/data/r0_occ" "$dir/data/r0_occ"
+    fi
+    stamp "chained DAgger round $k of $CHAINED_ROUNDS from $from ($REPLAY_SCENES replay scenes)"
+    "$PY" scripts/train_stage2.py --workdir "$dir" --level two_rooms --scenes "$REPLAY_SCENES" "${COMMON[@]}" \
+      --workers "$WORKERS" --rounds 2 --sft-steps 0 --round-steps "$ROUND_STEPS" --batch-size 256 \
+      --dagger-scenes "$DAGGER_SCENES" --eval-stop-gate "${eval_flags[@]}" --init-checkpoint "$from" "$@"
+    from="$dir/ckpt/stage2_r1"
+    prev=$dir
+  done
+  stamp "done: the last chained round is $from ($prev/summary.md)"
+}
+
 if [ -n "${TWO_ROOMS_FROM:-}" ]; then
   FROM=$(realpath -m "$TWO_ROOMS_FROM")
   if [ ! -f "$FROM/checkpoint_manifest.json" ]; then
     echo "TWO_ROOMS_FROM=$TWO_ROOMS_FROM: not a complete WNM checkpoint (no checkpoint_manifest.json)" >&2
     exit 2
   fi
+  REPLAY_SCENES=${REPLAY_SCENES:-400}
+  if [ "$CHAINED_ROUNDS" -gt 0 ]; then
+    chain_rounds "$FROM" "$@"
+    exit 0
+  fi
   if [ "$ROUNDS" -lt 2 ]; then
     echo "TWO_ROOMS_FROM needs ROUNDS >= 2 (round 0 is the carried checkpoint; round 1 is the first DAgger round)" >&2
     exit 2
   fi
-  REPLAY_SCENES=${REPLAY_SCENES:-400}
   stamp "two_rooms DAgger rounds 1..$((ROUNDS - 1)) from $FROM (round 0 unchanged, $REPLAY_SCENES replay scenes)"
   # shellcheck disable=SC2046  # word splitting of seq's output is intended
   "$PY" scripts/train_stage2.py --workdir "$RUN/two_rooms_dagger" --level two_rooms --scenes "$REPLAY_SCENES" \
@@ -125,7 +172,7 @@ else
 
   stamp "3/4 one_room round 0 ($ONE_ROOM_STEPS SFT steps of 128 rows)"
   "$PY" scripts/train_stage2.py "${ONE[@]}" "${MODEL[@]}" "${COMMON[@]}" --workers "$WORKERS" --rounds 1 \
-    --sft-steps "$ONE_ROOM_STEPS" --batch-size 128 "${ONE_EVAL[@]}" "$@"
+    --sft-steps "$ONE_ROOM_STEPS" --batch-size 128 "${ONE_EVAL[@]}" "${ROUND0_AUTOCAST[@]}" "$@"
   if ! wait $SYN; then
     echo "two_rooms synthesis failed; its log: $RUN/two_rooms_synthesis.log" >&2
     tail -20 "$RUN/two_rooms_synthesis.log" >&2
@@ -134,8 +181,14 @@ else
   trap - EXIT
 fi
 
-stamp "4/4 two_rooms rounds 0..$((ROUNDS - 1)) from the one_room checkpoint"
-"$PY" scripts/train_stage2.py "${TWO[@]}" "${COMMON[@]}" --workers "$WORKERS" --rounds "$ROUNDS" \
+TWO_ROUNDS=$ROUNDS
+if [ "$CHAINED_ROUNDS" -gt 0 ]; then TWO_ROUNDS=1; fi # the DAgger rounds are the chained ones below
+stamp "4/4 two_rooms rounds 0..$((TWO_ROUNDS - 1)) from the one_room checkpoint"
+"$PY" scripts/train_stage2.py "${TWO[@]}" "${COMMON[@]}" --workers "$WORKERS" --rounds "$TWO_ROUNDS" \
   --sft-steps "$TWO_ROOMS_STEPS" --round-steps "$ROUND_STEPS" --batch-size 256 --dagger-scenes "$DAGGER_SCENES" \
-  --eval-stop-gate "${TWO_EVAL[@]}" --init-checkpoint "$ONE_CKPT" "$@"
+  --eval-stop-gate "${TWO_EVAL[@]}" --init-checkpoint "$ONE_CKPT" "${ROUND0_AUTOCAST[@]}" "$@"
 stamp "done: $RUN/two_rooms/summary.md"
+if [ "$CHAINED_ROUNDS" -gt 0 ]; then
+  REPLAY_SCENES=${REPLAY_SCENES:-400}
+  chain_rounds "$RUN/two_rooms/ckpt/stage2_r0" "$@"
+fi

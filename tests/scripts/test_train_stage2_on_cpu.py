@@ -310,6 +310,25 @@ def test_curriculum_script_runs_one_room_then_two_rooms_from_it(tmp_path):
     )
     assert bad.returncode == 2 and "ROUNDS >= 2" in bad.stderr
 
+    # Chained rounds: round k is a run of its own whose round 0 is round k-1's checkpoint (named by manifest sha256
+    # in its provenance), and the replay collection is synthesized once and hard-linked into round 2.
+    chain_env = {**dagger_env, "CHAINED_ROUNDS": "2"}
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=chain_env, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    chain1, chain2 = run / "two_rooms_chain_1", run / "two_rooms_chain_2"
+    for k, (chain, start) in enumerate(((chain1, carried), (chain2, chain1 / "ckpt" / "stage2_r1")), 1):
+        init = json.loads((chain / "ckpt" / "stage2_r0" / "checkpoint_manifest.json").read_text())["provenance"][
+            "init_checkpoint"]  # fmt: skip
+        sha = hashlib.sha256((start / "checkpoint_manifest.json").read_bytes()).hexdigest()
+        assert init["path"] == str(start) and init["manifest_sha256"] == sha, k
+        assert f"(manifest sha256 {sha[:12]}), unchanged" in (chain / "ckpt" / "stage2_r1" / "README.md").read_text()
+        assert set(json.loads((chain / "summary.json").read_text())["evaluations"]) == {"stage2_r1_gate_x3"}
+    shard = next(p for p in sorted((chain1 / "data" / "r0").rglob("*")) if p.is_file())
+    assert (chain2 / "data" / "r0" / shard.relative_to(chain1 / "data" / "r0")).stat().st_ino == shard.stat().st_ino
+    bad = subprocess.run(cmd, capture_output=True, text=True, timeout=60, cwd=tmp_path,
+                         env={**chain_env, "CHAINED_ROUNDS": "two"})  # fmt: skip
+    assert bad.returncode == 2 and "CHAINED_ROUNDS" in bad.stderr
+
     # From a carried one_room checkpoint: the one_room steps are skipped, the two_rooms round 0 starts from it.
     one_ckpt = run / "one_room" / "ckpt" / "stage2_r0"
     cmd2 = ["bash", str(REPO / "scripts/stage2_curriculum.sh"), "cur2", *tiny]
