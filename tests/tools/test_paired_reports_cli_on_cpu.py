@@ -66,3 +66,24 @@ def test_refuses_other_episodes_and_ambiguous_names(tmp_path, capsys):
     (tmp_path / "bad.json").write_text("{}")
     assert cli.main([str(tmp_path / "bad.json")]) == 2
     assert "bad.json" in capsys.readouterr().err
+
+
+def test_premature_stops_binned_by_distance_beyond_the_radius_by_hand(tmp_path, capsys):
+    cli = _cli()
+    # Radius 0.5 m everywhere. Premature STOPs end 0.6 m (0.1 beyond: first bin), 1.0 m (0.5 beyond: still the
+    # first bin, edges are inclusive above), 1.9 m (1.4 beyond: second) and 3.0 m (2.5 beyond: third) from the
+    # goal; a success at 0.3 m and a timeout at 2.0 m are not premature STOPs and are not counted.
+    ends = {"e0": (0.6, True), "e1": (1.0, True), "e2": (1.9, True), "e3": (3.0, True), "e4": (0.3, False),
+            "e5": (2.0, False)}  # fmt: skip
+    episodes = [{**_episode(i, ne < 0.5, 0), "ne": ne, "premature_stop": prem} for i, (ne, prem) in ends.items()]
+    specs = [{"episode_id": i, "success_radius": 0.5} for i in ends]
+    (tmp_path / "a.json").write_text(json.dumps({"episodes": specs, "runs": {"a": {"episodes": episodes}}}))
+    assert cli.premature_stop_bins(episodes, {i: 0.5 for i in ends}, (0.5, 1.5)) == [2, 1, 1]
+    out = tmp_path / "p.json"
+    assert cli.main([str(tmp_path / "a.json"), "--output", str(out)]) == 0
+    assert "| a | 2 | 1 | 1 | 4 |" in capsys.readouterr().out
+    assert json.loads(out.read_text())["premature_stop_bins"]["counts"] == {"a": [2, 1, 1]}
+    # One edge: (0, 1] and beyond.
+    assert cli.premature_stop_bins(episodes, {i: 0.5 for i in ends}, (1.0,)) == [2, 2]
+    with pytest.raises(SystemExit):
+        cli.main([str(tmp_path / "a.json"), "--stop-bins", "1.5,0.5"])

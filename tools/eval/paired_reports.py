@@ -5,7 +5,10 @@ Every run must cover the same episodes (matched by episode id, in any order); re
 ``report.json`` files (every run in them) or the per-checkpoint files of ``scripts/train_stage2.py``
 (``<workdir>/eval/<name>.json``). Give a run a name with ``NAME=PATH`` (needed when two files hold runs of the
 same label, e.g. one checkpoint evaluated with different ``--execute-steps``). Differences are ``run - first``,
-with paired Student-t intervals.
+with paired Student-t intervals. A second table counts each run's premature STOPs (episodes a STOP ended outside the
+success radius) by the geodesic distance left beyond the radius (``--stop-bins``): a STOP just short of the goal
+and one in the wrong room are both "premature", but only the first is what a distance-scaled STOP penalty barely
+charges.
 
 Example:
 
@@ -43,11 +46,68 @@ class CliError(Exception):
     """A user error; the message says what to change."""
 
 
+def _bin_edges(text: str) -> tuple[float, ...]:
+    try:
+        edges = tuple(float(x) for x in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: expected increasing metres separated by commas, e.g. 0.5,1.5"
+        ) from None
+    if not edges or any(e <= 0 for e in edges) or list(edges) != sorted(set(edges)):
+        raise argparse.ArgumentTypeError(f"{text!r}: expected increasing positive metres, e.g. 0.5,1.5")
+    return edges
+
+
 def _parse(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("reports", nargs="+", help="[NAME=]PATH of an evaluation report; the first run is the base")
     p.add_argument("--output", type=Path, help="also write the rates and differences as JSON here (never overwritten)")
+    p.add_argument(
+        "--stop-bins",
+        type=_bin_edges,
+        default=(0.5, 1.5),
+        help="metres beyond the success radius that bound the premature-STOP bins (default 0.5,1.5)",
+    )
     return p.parse_args(argv)
+
+
+def premature_stop_bins(episodes: list[dict], radius_by_id: dict[str, float], edges: tuple[float, ...]) -> list[int]:
+    """Premature STOPs counted by the geodesic distance left beyond the success radius.
+
+    Args:
+        episodes: Per-episode records with ``premature_stop`` and ``ne`` (geodesic metres to the goal at the end).
+        radius_by_id: Success radius of each episode id (from the report's episode specs).
+        edges: Increasing metres beyond the radius, e.g. ``(0.5, 1.5)``.
+
+    Returns:
+        ``len(edges) + 1`` counts: ``(0, edges[0]]``, ``(edges[0], edges[1]]``, ..., ``(edges[-1], inf)``.
+    """
+    counts = [0] * (len(edges) + 1)
+    for ep in episodes:
+        if not ep.get("premature_stop"):
+            continue
+        beyond = ep["ne"] - radius_by_id[ep["episode_id"]]
+        counts[sum(beyond > e for e in edges)] += 1
+    return counts
+
+
+def load_success_radii(specs: list[str]) -> dict[str, float] | None:
+    """``{episode id: success radius}`` from the first report that carries episode specs (None if none does)."""
+    for spec in specs:
+        path = spec.rpartition("=")[2] if "=" in spec else spec
+        _, carried = report_runs(Path(path))
+        if carried:
+            return {s["episode_id"]: float(s["success_radius"]) for s in carried}
+    return None
+
+
+def format_stop_bins(bins: dict[str, list[int]], edges: tuple[float, ...], episodes: int) -> str:
+    """Markdown table of :func:`premature_stop_bins` per run."""
+    heads = [f"{lo:g}-{hi:g} m" for lo, hi in zip((0.0, *edges[:-1]), edges, strict=True)] + [f"> {edges[-1]:g} m"]
+    lines = [f"Premature STOPs of the {episodes} episodes, by geodesic distance left beyond the success radius:", ""]
+    lines += ["| run | " + " | ".join(heads) + " | all |", "| --- |" + " --- |" * (len(heads) + 1)]
+    lines += [f"| {n} | " + " | ".join(str(c) for c in counts) + f" | {sum(counts)} |" for n, counts in bins.items()]
+    return "\n".join(lines)
 
 
 def load_runs(specs: list[str]) -> dict[str, list[dict]]:
@@ -110,11 +170,24 @@ def main(argv=None) -> int:
     try:
         if args.output is not None and args.output.exists():
             raise CliError(f"--output {args.output}: exists; choose another path (results are never overwritten)")
-        result = compare(load_runs(args.reports))
+        runs = load_runs(args.reports)
+        result = compare(runs)
+        radii = load_success_radii(args.reports)
     except CliError as e:
         print(f"paired_reports.py: {e}", file=sys.stderr)
         return 2
     print(format_tables(result))
+    if radii is None or not all("ne" in e and "premature_stop" in e for v in runs.values() for e in v):
+        print("\n(no premature-STOP table: the reports carry no episode specs, or no 'ne' and 'premature_stop')")
+    else:
+        result["premature_stop_bins"] = {
+            "edges_beyond_radius_m": list(args.stop_bins),
+            "counts": {k: premature_stop_bins(v, radii, args.stop_bins) for k, v in runs.items()},
+        }
+        print(
+            "\n"
+            + format_stop_bins(result["premature_stop_bins"]["counts"], args.stop_bins, len(next(iter(runs.values()))))
+        )
     if args.output is not None:
         atomic_write_text(args.output, json.dumps(result, indent=1))
         print(f"wrote {args.output}")
