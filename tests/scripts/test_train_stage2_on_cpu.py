@@ -330,17 +330,29 @@ def test_curriculum_script_runs_one_room_then_two_rooms_from_it(tmp_path):
     assert bad.returncode == 2 and "CHAINED_ROUNDS" in bad.stderr
 
     # From a carried one_room checkpoint: the one_room steps are skipped, the two_rooms round 0 starts from it.
+    # With CHAINED_ROUNDS the two_rooms run trains round 0 only (under ROUND0_SFT_AUTOCAST) and the chained round
+    # starts from it (float32).
     one_ckpt = run / "one_room" / "ckpt" / "stage2_r0"
     cmd2 = ["bash", str(REPO / "scripts/stage2_curriculum.sh"), "cur2", *tiny]
-    proc = subprocess.run(cmd2, capture_output=True, text=True, timeout=900, cwd=tmp_path,
-                          env={**env, "ONE_ROOM_FROM": str(one_ckpt), "TWO_ROOMS_EVAL_PLAIN": "0"})  # fmt: skip
+    env2 = {**env, "ONE_ROOM_FROM": str(one_ckpt), "TWO_ROOMS_EVAL_PLAIN": "0", "CHAINED_ROUNDS": "1",
+            "ROUND0_SFT_AUTOCAST": "bfloat16", "REPLAY_SCENES": "2", "DAGGER_SCENES": "1",
+            "ROUND_STEPS": "1"}  # fmt: skip
+    proc = subprocess.run(cmd2, capture_output=True, text=True, timeout=900, cwd=tmp_path, env=env2)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     run2 = tmp_path / "cur2"
     assert not (run2 / "one_room").exists()
-    init = json.loads((run2 / "two_rooms" / "ckpt" / "stage2_r0" / "checkpoint_manifest.json").read_text())[
-        "provenance"]["init_checkpoint"]  # fmt: skip
+    r0 = run2 / "two_rooms" / "ckpt" / "stage2_r0"
+    prov = json.loads((r0 / "checkpoint_manifest.json").read_text())["provenance"]
+    init = prov["init_checkpoint"]
     assert init["path"] == str(one_ckpt)
     assert init["manifest_sha256"] == hashlib.sha256((one_ckpt / "checkpoint_manifest.json").read_bytes()).hexdigest()
+    assert prov["arguments"]["sft_autocast"] == "bfloat16"
+    assert not (run2 / "two_rooms" / "ckpt" / "stage2_r1").exists()
+    chained = run2 / "two_rooms_chain_1" / "ckpt"
+    init = json.loads((chained / "stage2_r0" / "checkpoint_manifest.json").read_text())["provenance"]["init_checkpoint"]
+    assert init["path"] == str(r0)
+    prov = json.loads((chained / "stage2_r1" / "checkpoint_manifest.json").read_text())["provenance"]
+    assert prov["round"] == 1 and prov["arguments"]["sft_autocast"] == "none"
     bad = subprocess.run(cmd2, capture_output=True, text=True, timeout=60, cwd=tmp_path,
                          env={**env, "ONE_ROOM_FROM": str(tmp_path / "nowhere")})  # fmt: skip
     assert bad.returncode == 2 and "ONE_ROOM_FROM" in bad.stderr and "checkpoint_manifest.json" in bad.stderr
