@@ -33,7 +33,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=11, help="collection seed (default 11, the study's)")
     p.add_argument("--heading-noise-rad", type=float, default=0.25, help="noisy imitator's dyaw noise std")
     p.add_argument("--noise-seed", type=int, default=0, help="seed of the imitator's noise (default 0)")
+    p.add_argument(
+        "--early-steps",
+        type=int,
+        default=2,
+        help="the short STOP comes this many steps before the expert's (default 2; last table)",
+    )
     return p
+
+
+# The study's candidate arm cand_premature_base (scripts/study/plan.py): every premature STOP charged the
+# missed-STOP penalty before its distance term. The last table is printed with and without it.
+PREMATURE_BASE = {"premature_base": 1.0, "premature_cap": 3.0}
 
 
 def synthesize(out: Path, args) -> tuple[Path, Path]:
@@ -73,10 +84,12 @@ def main(argv: list[str] | None = None) -> int:
         POLICIES,
         format_metrics_table,
         format_order_by_distance,
+        format_short_stop_against_missed,
         format_table,
         load_query_states,
         order_by_distance,
         rank_policies,
+        short_stop_against_missed,
     )
 
     reward_cfg = dict(yaml.safe_load(args.config.read_text())["reward"]["reward_set"])
@@ -89,6 +102,14 @@ def main(argv: list[str] | None = None) -> int:
         table = rank_policies(build_reward_set(reward_cfg), states, POLICIES, args.heading_noise_rad, args.noise_seed)
         preference = short_stop_table(reward_cfg, states, args)
         by_distance = order_by_distance(build_reward_set(reward_cfg), states, args.heading_noise_rad, args.noise_seed)
+        rewards = dict(reward_cfg["rewards"])
+        rewards["stop"] = dict(rewards["stop"], **PREMATURE_BASE)
+        short_vs_missed = {
+            "as configured": short_stop_against_missed(build_reward_set(reward_cfg), states, args.early_steps),
+            "with premature_base 1.0, cap 3.0": short_stop_against_missed(
+                build_reward_set({**reward_cfg, "rewards": rewards}), states, args.early_steps
+            ),
+        }
     print(f"{states.size} query states; reward set from {args.config.name}; mean reward per rollout\n")
     print(format_table(table))
     print("\nThe evaluator's metrics of the same windows (verl_omni.sim.eval_metrics; the window ends at E):\n")
@@ -111,6 +132,15 @@ def main(argv: list[str] | None = None) -> int:
         "standing still\n(the evaluator: never; a STOP ends the episode in failure) and above the noisy imitator\n"
     )
     print(format_order_by_distance(by_distance))
+    print(
+        f"\nWhere the expert STOPs inside the window: the expert's path STOPped {args.early_steps} steps early "
+        "(short) against\nthe expert's path with no STOP (no_stop), by the short STOP's geodesic distance beyond "
+        "the radius: mean summed\nreward, and the share of states where short scores higher (the evaluator: "
+        "never; short ends the episode\nin failure, a STOP not yet made can still come)"
+    )
+    for name, rows in short_vs_missed.items():
+        print(f"\n{name}:\n")
+        print(format_short_stop_against_missed(rows))
     totals = [table[p]["total"] for p in POLICIES]
     ordered = all(a > b for a, b in zip(totals, totals[1:]))
     print(f"\nsummed reward orders {' > '.join(POLICIES)}: {'yes' if ordered else 'NO'}")

@@ -204,3 +204,29 @@ def test_order_by_distance_near_the_goal(locked_cfg_and_states):
         if b["states"] >= 15:
             means = [b[p] for p in POLICIES]
             assert means == sorted(means, reverse=True), b
+
+
+def test_short_stop_against_missed_on_real_query_states(locked_cfg_and_states):
+    """Where the expert STOPs inside the window, its path STOPped 2 steps early ends outside the radius. In sum the
+    recipe ranks that short STOP below never STOPping in most states (the nav layers charge what it forfeits); on
+    the STOP layers alone it can rank it above: there the short STOP pays 0.5 x G (+0.5 at a near-goal state) and
+    no STOP pays the missed-STOP 1.0. With premature_base 1.0 the short STOP pays at least 1.0 + 0.5 x G > 1.0, so
+    by hand it can never out-score no STOP on the STOP layers."""
+    from verl_omni.utils.reward_score.ranking import short_stop_against_missed
+
+    cfg, states = locked_cfg_and_states
+    recipe = short_stop_against_missed(build_reward_set(cfg), states, early_steps=2)
+    near = recipe[0]
+    assert (near["lo"], near["hi"]) == (0.0, 0.5) and near["states"] >= 5
+    assert near["expert"] > near["no_stop"] > near["short"]  # the band means in the evaluator's order
+    assert near["short_over_no_stop"] < 0.5  # in most states (121 states, 40 scenes: 96%; docs/results.md)
+    stop = {**cfg["rewards"]["stop"], "premature_base": 1.0, "premature_cap": 3.0}
+    based = short_stop_against_missed(
+        build_reward_set({**cfg, "rewards": {**cfg["rewards"], "stop": stop}}), states, early_steps=2
+    )
+    assert [r["states"] for r in based] == [r["states"] for r in recipe]
+    for r in based:
+        if r["states"]:
+            assert r["short_over_no_stop_stop_layers"] == 0.0 and r["short_over_no_stop"] == 0.0
+    with pytest.raises(ValueError, match="early_steps"):
+        short_stop_against_missed(build_reward_set(cfg), states, early_steps=0)

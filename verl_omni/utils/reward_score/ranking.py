@@ -322,3 +322,83 @@ def format_order_by_distance(rows: Sequence[Mapping[str, float]]) -> str:
         ]
         lines.append(f"| {band} | {int(r['states'])} | " + " | ".join(cells + shares) + " |")
     return "\n".join(lines)
+
+
+def short_stop_against_missed(
+    reward_set: RewardSet,
+    states: QueryStates,
+    early_steps: int = 2,
+    bands: Sequence[tuple[float, float]] = PREMATURE_BANDS,
+) -> list[dict[str, float]]:
+    """Where the expert STOPs inside the window: does STOPping a few steps short score below not STOPping at all?
+
+    The evaluator ranks them that way: a STOP outside the success radius ends the episode in failure, while a STOP
+    that has not come yet can still come at the next call. In the reward, no STOP is charged the missed-STOP
+    penalty and a STOP just short only its distance-scaled premature penalty, so a policy trained on it can learn
+    to trade missed STOPs for near misses (``docs/results.md``, issue 18, session 25).
+
+    Three rollouts from each query state whose expert STOPs at step ``s >= early_steps``, inside the radius:
+
+    * ``expert``: the recorded reference (STOP at ``s``);
+    * ``short``: the expert's steps up to ``s - early_steps``, then STOP (motion zeroed and the stop flag set from
+      there on, as the SFT data pads a plan after its STOP);
+    * ``no_stop``: the expert's motion with every stop flag cleared (it reaches the goal and never STOPs).
+
+    Only states whose ``short`` STOP lies outside the success radius count, grouped by its geodesic distance beyond
+    the radius.
+
+    Returns:
+        One row per band: ``{"lo", "hi", "states", "expert", "short", "no_stop": mean summed reward,
+        "short_over_no_stop": share of states where ``short`` has the higher summed reward,
+        "short_over_no_stop_stop_layers": the same over the summed ``stop_*`` layers}``.
+    """
+    if early_steps < 1:
+        raise ValueError(f"early_steps must be >= 1, got {early_steps}")
+    expert = policy_actions(states, "expert")
+    has_stop = states.reference_stop.any(axis=1)
+    s = np.where(has_stop, states.reference_stop.argmax(axis=1), -1)
+    short = expert.copy()
+    at = np.clip(s - early_steps, 0, None)
+    steps = np.arange(ACTION_LAYOUT.steps)[None, :]
+    after = steps >= at[:, None]
+    short[..., :3] = np.where(after[..., None], 0.0, short[..., :3])
+    short[..., 3] = np.where(after, 1.0, 0.0)
+    no_stop = expert.copy()
+    no_stop[..., 3] = 0.0
+    stop_layers = [layer for layer in LAYER_NAMES if layer.startswith("stop_")]
+    totals, stop_sums = {}, {}
+    for name, actions in (("expert", expert), ("short", short), ("no_stop", no_stop)):
+        scores = score_policy(reward_set, states, actions)
+        totals[name] = np.sum([scores[layer] for layer in LAYER_NAMES], axis=0, dtype=np.float64)
+        stop_sums[name] = np.sum([scores[layer] for layer in stop_layers], axis=0, dtype=np.float64)
+    geo_expert = compute_geometry(query_batch(states, expert), reward_set.scene_cache, reward_set.geometry_config)
+    geo_short = compute_geometry(query_batch(states, short), reward_set.scene_cache, reward_set.geometry_config)
+    beyond = geo_short.stop_geodesic() - states.success_radius
+    keep = (s >= early_steps) & geo_expert.succeeded(states.success_radius) & geo_short.stopped & (beyond > 0)
+    rows = []
+    for lo, hi in bands:
+        band = keep & (beyond > lo) & (beyond <= hi)
+        n = int(band.sum())
+        row: dict[str, float] = {"lo": lo, "hi": hi, "states": float(n)}
+        for name in totals:
+            row[name] = float(np.mean(totals[name][band])) if n else float("nan")
+        row["short_over_no_stop"] = float(np.mean(totals["short"][band] > totals["no_stop"][band])) if n else np.nan
+        row["short_over_no_stop_stop_layers"] = (
+            float(np.mean(stop_sums["short"][band] > stop_sums["no_stop"][band])) if n else float("nan")
+        )
+        rows.append(row)
+    return rows
+
+
+def format_short_stop_against_missed(rows: Sequence[Mapping[str, float]]) -> str:
+    """Markdown table of :func:`short_stop_against_missed`."""
+    lines = [
+        "| short STOP beyond radius | states | expert | short | no_stop | short over no_stop | on the stop layers |",
+        "| --- |" + " --- |" * 6,
+    ]
+    for r in rows:
+        band = f"{r['lo']:g}..{r['hi']:g} m" if np.isfinite(r["hi"]) else f"> {r['lo']:g} m"
+        cells = [f"{r[k]:+.2f}" for k in ("expert", "short", "no_stop")]
+        shares = [f"{r[k]:.0%}" for k in ("short_over_no_stop", "short_over_no_stop_stop_layers")]
+        lines.append(f"| {band} | {int(r['states'])} | " + " | ".join(cells + shares) + " |")
+    return "\n".join(lines)
