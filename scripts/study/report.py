@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from verl_omni.sim.eval_metrics import METRIC_LABELS as EVAL_METRIC_LABELS
+from verl_omni.sim.eval_metrics import premature_stop_bins
 
 from . import stats
 from .plan import ARM_BY_NAME
@@ -92,7 +93,18 @@ def _episodes(report_path: Path) -> list[dict] | None:
     if rep.get("format") != "wnm-closed-loop-eval/1":
         raise ValueError(f"{report_path}: field 'format' is {rep.get('format')!r}, expected wnm-closed-loop-eval/1")
     keep = ("episode_id", "scene_id", *stats.CLOSED_LOOP_METRICS, "end_reason", "steps")
-    return [{k: e[k] for k in keep if k in e} for e in rep["runs"]["checkpoint"]["episodes"]]
+    # Each record carries its episode's success radius (the specs hold it; older reports only the argument), for
+    # the premature-STOP distance table.
+    radius = {spec["episode_id"]: spec.get("success_radius") for spec in rep.get("episodes") or []}
+    default = (rep.get("arguments") or {}).get("success_radius")
+    out = []
+    for e in rep["runs"]["checkpoint"]["episodes"]:
+        rec = {k: e[k] for k in keep if k in e}
+        r = radius.get(e["episode_id"], default)
+        if r is not None:
+            rec["success_radius"] = float(r)
+        out.append(rec)
+    return out
 
 
 def load_results(results: Path) -> StudyData:
@@ -325,6 +337,28 @@ def closed_loop_main_table(comp: Mapping[str, Mapping]) -> list[list[str]]:
     return rows
 
 
+# Metres beyond the success radius that bound the premature-STOP distance bins.
+PREMATURE_STOP_EDGES: tuple[float, ...] = (0.5, 1.5)
+
+
+def premature_stop_distance_table(data: StudyData, edges: Sequence[float] = PREMATURE_STOP_EDGES) -> list[list[str]]:
+    """Held-out premature STOPs of Stage-II and every evaluated run, by the distance left beyond the success radius.
+
+    Stage III's extra premature STOPs have been near misses (``docs/results.md``, issue 18): this table shows
+    whether a run trades missed STOPs for STOPs just short. Empty (header only) when the records lack ``ne``,
+    ``premature_stop`` or ``success_radius``.
+    """
+    heads = [f"{lo:g}-{hi:g} m" for lo, hi in zip((0.0, *edges[:-1]), edges, strict=True)] + [f"> {edges[-1]:g} m"]
+    rows = [["evaluation", "episodes", *heads, "all premature STOPs"]]
+    named = [(STAGE2, data.stage2)] + [(r.name, r.episodes) for arm in data.arms for r in data.arm_runs(arm)]
+    for name, eps in named:
+        if not eps or not all({"ne", "premature_stop", "success_radius"} <= e.keys() for e in eps):
+            continue
+        counts = premature_stop_bins(eps, {e["episode_id"]: e["success_radius"] for e in eps}, edges)
+        rows.append([name, str(len(eps)), *(str(c) for c in counts), str(sum(counts))])
+    return rows
+
+
 def ablation_table(data: StudyData, comps: Mapping[str, Mapping]) -> list[list[str]]:
     """Per arm: final training/validation rewards and closed-loop metrics with paired differences vs Stage-II."""
     rows = [
@@ -429,6 +463,14 @@ def render_markdown(data: StudyData, comps: Mapping[str, Mapping], figures: Sequ
             f"collision reduction "
             + ("n/a" if goal["collision_reduction"] is None else f"{100 * goal['collision_reduction']:.0f}%")
             + f" -> **{'met' if goal['met'] else 'not met'}**.",
+            "",
+        ]
+    stop_bins = premature_stop_distance_table(data)
+    if len(stop_bins) > 1:
+        parts += [
+            "#### Premature STOPs on the held-out episodes, by the geodesic distance left beyond the success radius",
+            "",
+            markdown_table(stop_bins),
             "",
         ]
     if any(r.validation for r in data.runs):

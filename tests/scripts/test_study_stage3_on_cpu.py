@@ -504,3 +504,33 @@ def test_study_from_a_stage2_checkpoint_resumes_a_cut_off_training(tmp_path):
     assert (work / "report" / "closed_loop_validation.png").stat().st_size > 1000
     # Stage II beside main_s1 on the same held-out episodes, drawn from the evaluations' own trajectories.
     assert (work / "report" / "trajectories.png").stat().st_size > 1000 and "trajectories.png)" in tables
+
+
+def test_premature_stop_distance_table_by_hand(tmp_path):
+    """Premature STOPs binned by metres beyond the radius, read from reports whose specs carry the radius."""
+    results = tmp_path / "results"
+    # Radius 0.5 (from the specs) for the start, 0.3 from the argument for the run (an older report, no specs).
+    # Start: STOPs ending 0.6 (0.1 beyond), 1.2 (0.7 beyond) and 2.5 m (2.0 beyond) from the goal, one success.
+    # Run: STOPs ending 0.6 (0.3 beyond: still the first bin) and 0.9 m (0.6 beyond: second bin), one timeout.
+    start = [(0.6, True), (1.2, True), (2.5, True), (0.2, False)]
+    run = [(0.6, True), (0.9, True), (3.0, False), (0.1, False)]
+    for name, ends, radius_in_specs in (("stage2", start, True), ("main_s1", run, False)):
+        d = results / "evals" / name
+        d.mkdir(parents=True)
+        eps = [{"episode_id": f"e{i}", "ne": ne, "premature_stop": prem, "success": ne <= 0.5, "collisions": 0,
+                "oracle_success": ne <= 0.5, "spl": 0.0}
+               for i, (ne, prem) in enumerate(ends)]  # fmt: skip
+        rep = {"format": "wnm-closed-loop-eval/1", "runs": {"checkpoint": {"episodes": eps}}}
+        if radius_in_specs:
+            rep["episodes"] = [{"episode_id": f"e{i}", "success_radius": 0.5} for i in range(len(ends))]
+        else:
+            rep["arguments"] = {"success_radius": 0.3}
+        (d / "report.json").write_text(json.dumps(rep))
+    (results / "runs" / "main_s1" / "out").mkdir(parents=True)
+    (results / "status.json").write_text(json.dumps({"runs": {"stage2": {}, "main_s1": {"state": "done"}}}))
+    data = report.load_results(results)
+    rows = report.premature_stop_distance_table(data)
+    assert rows[0] == ["evaluation", "episodes", "0-0.5 m", "0.5-1.5 m", "> 1.5 m", "all premature STOPs"]
+    assert rows[1:] == [["stage2", "4", "1", "1", "1", "3"], ["main_s1", "4", "1", "1", "0", "2"]]
+    md = report.render_markdown(data, report.closed_loop_comparisons(data), [], "synthetic")
+    assert "| main_s1 | 4 | 1 | 1 | 0 | 2 |" in md

@@ -90,3 +90,18 @@ def test_evaluator_summary_table_lists_every_summary_metric():
     table = cli._summary_table([("checkpoint", agg)], None)
     lines = table.splitlines()[1:]
     assert [line.split("  ")[0] for line in lines] == [em.METRIC_LABELS[n] for n in em.SUMMARY_METRICS]
+
+
+def test_premature_stop_bins_by_hand():
+    from verl_omni.sim.eval_metrics import premature_stop_bins
+
+    # One radius for all (0.5 m): premature STOPs ending 0.9 (0.4 beyond), 1.0 (0.5 beyond: the edge belongs to
+    # the bin below), 1.6 (1.1 beyond) and 4.0 m (3.5 beyond) from the goal; a success and a timeout do not count.
+    eps = [{"episode_id": i, "ne": ne, "premature_stop": prem}
+           for i, (ne, prem) in enumerate([(0.9, True), (1.0, True), (1.6, True), (4.0, True), (0.4, False),
+                                           (2.0, False)])]  # fmt: skip
+    assert premature_stop_bins(eps, 0.5, (0.5, 1.5)) == [2, 1, 1]
+    # Per-episode radii: episode 0 with radius 0.7 is 0.2 m beyond, still in the first bin; episode 3 with radius
+    # 3.0 is 1.0 beyond, now in the second.
+    radii = {0: 0.7, 1: 0.5, 2: 0.5, 3: 3.0, 4: 0.5, 5: 0.5}
+    assert premature_stop_bins(eps, radii, (0.5, 1.5)) == [2, 2, 0]

@@ -30,6 +30,7 @@ from verl_omni.sim.eval_metrics import (  # noqa: E402
     aggregate,
     format_estimate,
     paired_differences,
+    premature_stop_bins,
     report_runs,
 )
 from verl_omni.utils.run_layout import atomic_write_text  # noqa: E402
@@ -69,26 +70,6 @@ def _parse(argv=None) -> argparse.Namespace:
         help="metres beyond the success radius that bound the premature-STOP bins (default 0.5,1.5)",
     )
     return p.parse_args(argv)
-
-
-def premature_stop_bins(episodes: list[dict], radius_by_id: dict[str, float], edges: tuple[float, ...]) -> list[int]:
-    """Premature STOPs counted by the geodesic distance left beyond the success radius.
-
-    Args:
-        episodes: Per-episode records with ``premature_stop`` and ``ne`` (geodesic metres to the goal at the end).
-        radius_by_id: Success radius of each episode id (from the report's episode specs).
-        edges: Increasing metres beyond the radius, e.g. ``(0.5, 1.5)``.
-
-    Returns:
-        ``len(edges) + 1`` counts: ``(0, edges[0]]``, ``(edges[0], edges[1]]``, ..., ``(edges[-1], inf)``.
-    """
-    counts = [0] * (len(edges) + 1)
-    for ep in episodes:
-        if not ep.get("premature_stop"):
-            continue
-        beyond = ep["ne"] - radius_by_id[ep["episode_id"]]
-        counts[sum(beyond > e for e in edges)] += 1
-    return counts
 
 
 def load_success_radii(specs: list[str]) -> dict[str, float] | None:

@@ -228,6 +228,32 @@ def format_estimate(entry: Mapping, digits: int = 3) -> str:
     return f"{m} [{entry['low']:.{digits}f}, {entry['high']:.{digits}f}]"
 
 
+def premature_stop_bins(
+    episodes: Sequence[Mapping], success_radius: Mapping[str, float] | float, edges: Sequence[float]
+) -> list[int]:
+    """Premature STOPs (a STOP outside the success radius) counted by the geodesic distance left beyond the radius.
+
+    A STOP just short of the goal and one in the wrong room are both premature; the bins tell them apart (a
+    distance-scaled STOP penalty barely charges the first).
+
+    Args:
+        episodes: Per-episode records with ``premature_stop`` and ``ne`` (geodesic metres to the goal at the end).
+        success_radius: Each episode id's success radius (from the report's episode specs), or one for all.
+        edges: Increasing metres beyond the radius, e.g. ``(0.5, 1.5)``.
+
+    Returns:
+        ``len(edges) + 1`` counts: ``(0, edges[0]]``, ``(edges[0], edges[1]]``, ..., ``(edges[-1], inf)``.
+    """
+    counts = [0] * (len(edges) + 1)
+    for ep in episodes:
+        if not ep.get("premature_stop"):
+            continue
+        radius = success_radius if isinstance(success_radius, (int, float)) else success_radius[ep["episode_id"]]
+        beyond = float(ep["ne"]) - float(radius)
+        counts[sum(beyond > e for e in edges)] += 1
+    return counts
+
+
 def report_runs(path) -> tuple[dict[str, list[dict]], list[dict] | None]:
     """Label -> per-episode records of one evaluation report file, and the episode specs it carries.
 
