@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from verl_omni.sim.eval_metrics import METRIC_LABELS as EVAL_METRIC_LABELS
-from verl_omni.sim.eval_metrics import premature_stop_bins
+from verl_omni.sim.eval_metrics import premature_stop_bin_labels, premature_stop_bins
 
 from . import stats
 from .plan import ARM_BY_NAME
@@ -348,8 +348,7 @@ def premature_stop_distance_table(data: StudyData, edges: Sequence[float] = PREM
     whether a run trades missed STOPs for STOPs just short. Empty (header only) when the records lack ``ne``,
     ``premature_stop`` or ``success_radius``.
     """
-    heads = [f"{lo:g}-{hi:g} m" for lo, hi in zip((0.0, *edges[:-1]), edges, strict=True)] + [f"> {edges[-1]:g} m"]
-    rows = [["evaluation", "episodes", *heads, "all premature STOPs"]]
+    rows = [["evaluation", "episodes", *premature_stop_bin_labels(edges), "all premature STOPs"]]
     named = [(STAGE2, data.stage2)] + [(r.name, r.episodes) for arm in data.arms for r in data.arm_runs(arm)]
     for name, eps in named:
         if not eps or not all({"ne", "premature_stop", "success_radius"} <= e.keys() for e in eps):

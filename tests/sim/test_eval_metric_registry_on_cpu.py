@@ -105,3 +105,6 @@ def test_premature_stop_bins_by_hand():
     # 3.0 is 1.0 beyond, now in the second.
     radii = {0: 0.7, 1: 0.5, 2: 0.5, 3: 3.0, 4: 0.5, 5: 0.5}
     assert premature_stop_bins(eps, radii, (0.5, 1.5)) == [2, 2, 0]
+    with pytest.raises(KeyError, match="episode 1"):
+        premature_stop_bins(eps, {0: 0.5}, (0.5, 1.5))
+    assert em.premature_stop_bin_labels((0.5, 1.5)) == ["0-0.5 m", "0.5-1.5 m", "> 1.5 m"]

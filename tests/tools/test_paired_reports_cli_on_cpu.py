@@ -87,3 +87,8 @@ def test_premature_stops_binned_by_distance_beyond_the_radius_by_hand(tmp_path, 
     assert cli.premature_stop_bins(episodes, {i: 0.5 for i in ends}, (1.0,)) == [2, 2]
     with pytest.raises(SystemExit):
         cli.main([str(tmp_path / "a.json"), "--stop-bins", "1.5,0.5"])
+    # Specs without a success radius: a clear refusal that names the file, nothing written.
+    bad = {"episodes": [{"episode_id": i} for i in ends], "runs": {"a": {"episodes": episodes}}}
+    (tmp_path / "b.json").write_text(json.dumps(bad))
+    assert cli.main([str(tmp_path / "b.json"), "--output", str(tmp_path / "q.json")]) == 2
+    assert "success_radius" in capsys.readouterr().err and not (tmp_path / "q.json").exists()

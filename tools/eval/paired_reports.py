@@ -30,6 +30,7 @@ from verl_omni.sim.eval_metrics import (  # noqa: E402
     aggregate,
     format_estimate,
     paired_differences,
+    premature_stop_bin_labels,
     premature_stop_bins,
     report_runs,
 )
@@ -78,13 +79,16 @@ def load_success_radii(specs: list[str]) -> dict[str, float] | None:
         path = spec.rpartition("=")[2] if "=" in spec else spec
         _, carried = report_runs(Path(path))
         if carried:
+            missing = [s.get("episode_id") for s in carried if "success_radius" not in s]
+            if missing:
+                raise CliError(f"{path}: episode specs {missing[:5]} have no 'success_radius'")
             return {s["episode_id"]: float(s["success_radius"]) for s in carried}
     return None
 
 
 def format_stop_bins(bins: dict[str, list[int]], edges: tuple[float, ...], episodes: int) -> str:
     """Markdown table of :func:`premature_stop_bins` per run."""
-    heads = [f"{lo:g}-{hi:g} m" for lo, hi in zip((0.0, *edges[:-1]), edges, strict=True)] + [f"> {edges[-1]:g} m"]
+    heads = premature_stop_bin_labels(edges)
     lines = [f"Premature STOPs of the {episodes} episodes, by geodesic distance left beyond the success radius:", ""]
     lines += ["| run | " + " | ".join(heads) + " | all |", "| --- |" + " --- |" * (len(heads) + 1)]
     lines += [f"| {n} | " + " | ".join(str(c) for c in counts) + f" | {sum(counts)} |" for n, counts in bins.items()]
@@ -158,7 +162,10 @@ def main(argv=None) -> int:
         print(f"paired_reports.py: {e}", file=sys.stderr)
         return 2
     print(format_tables(result))
-    if radii is None or not all("ne" in e and "premature_stop" in e for v in runs.values() for e in v):
+    first = next(iter(runs.values()))
+    if radii is not None and any(e["episode_id"] not in radii for e in first):
+        print("\n(no premature-STOP table: the episode specs do not cover every evaluated episode)")
+    elif radii is None or not all("ne" in e and "premature_stop" in e for v in runs.values() for e in v):
         print("\n(no premature-STOP table: the reports carry no episode specs, or no 'ne' and 'premature_stop')")
     else:
         result["premature_stop_bins"] = {

@@ -248,10 +248,21 @@ def premature_stop_bins(
     for ep in episodes:
         if not ep.get("premature_stop"):
             continue
-        radius = success_radius if isinstance(success_radius, (int, float)) else success_radius[ep["episode_id"]]
+        if isinstance(success_radius, (int, float)):
+            radius = success_radius
+        elif ep["episode_id"] in success_radius:
+            radius = success_radius[ep["episode_id"]]
+        else:
+            raise KeyError(f"episode {ep['episode_id']!r}: no success radius given for it")
         beyond = float(ep["ne"]) - float(radius)
         counts[sum(beyond > e for e in edges)] += 1
     return counts
+
+
+def premature_stop_bin_labels(edges: Sequence[float]) -> list[str]:
+    """Column heads of :func:`premature_stop_bins`' counts, e.g. ``["0-0.5 m", "0.5-1.5 m", "> 1.5 m"]``."""
+    lows = (0.0, *edges[:-1])
+    return [f"{lo:g}-{hi:g} m" for lo, hi in zip(lows, edges, strict=True)] + [f"> {edges[-1]:g} m"]
 
 
 def report_runs(path) -> tuple[dict[str, list[dict]], list[dict] | None]:
