@@ -81,6 +81,13 @@ if ! [[ "$CHAINED_ROUNDS" =~ ^[0-9]+$ ]]; then
   echo "CHAINED_ROUNDS=$CHAINED_ROUNDS: expected a whole number of chained DAgger rounds (0 = none)" >&2
   exit 2
 fi
+if [ "$CHAINED_ROUNDS" -gt 0 ] && [ -n "${TWO_ROOMS_EVAL_ROUNDS:-}" ] && [ "$TWO_ROOMS_EVAL_ROUNDS" != 0 ]; then
+  # Refused here, not after the one_room round has trained: the two_rooms run then holds round 0 only, and every
+  # chained round evaluates itself.
+  echo "TWO_ROOMS_EVAL_ROUNDS=$TWO_ROOMS_EVAL_ROUNDS with CHAINED_ROUNDS=$CHAINED_ROUNDS: the two_rooms run has round 0" \
+    "only (each chained round is evaluated by its own run); use TWO_ROOMS_EVAL_ROUNDS=0 or leave it unset" >&2
+  exit 2
+fi
 ROUND0_AUTOCAST=()
 if [ -n "${ROUND0_SFT_AUTOCAST:-}" ]; then ROUND0_AUTOCAST=(--sft-autocast "$ROUND0_SFT_AUTOCAST"); fi
 ONE_EVAL=()

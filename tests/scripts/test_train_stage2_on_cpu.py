@@ -328,6 +328,9 @@ def test_curriculum_script_runs_one_room_then_two_rooms_from_it(tmp_path):
     bad = subprocess.run(cmd, capture_output=True, text=True, timeout=60, cwd=tmp_path,
                          env={**chain_env, "CHAINED_ROUNDS": "two"})  # fmt: skip
     assert bad.returncode == 2 and "CHAINED_ROUNDS" in bad.stderr
+    bad = subprocess.run(cmd, capture_output=True, text=True, timeout=60, cwd=tmp_path,
+                         env={**chain_env, "TWO_ROOMS_EVAL_ROUNDS": "1"})  # fmt: skip
+    assert bad.returncode == 2 and "TWO_ROOMS_EVAL_ROUNDS" in bad.stderr
 
     # From a carried one_room checkpoint: the one_room steps are skipped, the two_rooms round 0 starts from it.
     # With CHAINED_ROUNDS the two_rooms run trains round 0 only (under ROUND0_SFT_AUTOCAST) and the chained round
