@@ -111,6 +111,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batch-size", type=int, default=256, help="SFT rows per step (default 256)")
     p.add_argument("--steps", type=int, default=20, help="SFT steps of the shorter timed run (default 20)")
     p.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
+    p.add_argument(
+        "--encode-batches",
+        type=int,
+        nargs="+",
+        default=[64],
+        help="examples per encoder call to time encoding at (default 64, what train_stage2.py uses)",
+    )
     args = p.parse_args(argv)
     if args.states < 8 or args.steps < 1 or args.batch_size < 1 or args.workers < 1:
         p.error("--states must be >= 8 and --steps, --batch-size, --workers >= 1")
@@ -130,11 +137,14 @@ def main(argv: list[str] | None = None) -> int:
         examples, decode_s, source = list(_random_examples(args.states, cfg)), None, "random frames"
     torch.manual_seed(0)
     model = WNMModel(cfg).to(device)
-    _sync(device)
-    t0 = time.perf_counter()
-    rows = sft.encode_examples(model, examples, batch=64, progress=False, calibrate=True, fit_normalization=True)
-    _sync(device)
-    encode_s = time.perf_counter() - t0
+    encode_s = {}
+    for i, eb in enumerate(args.encode_batches):  # the first call calibrates; later ones time the same encoders
+        _sync(device)
+        t0 = time.perf_counter()
+        rows = sft.encode_examples(model, examples, batch=eb, progress=False, calibrate=i == 0,
+                                   fit_normalization=i == 0)  # fmt: skip
+        _sync(device)
+        encode_s[eb] = time.perf_counter() - t0
     held = sft.encode_examples(model, examples[:64], batch=64, progress=False)
     n = len(examples)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
@@ -142,7 +152,9 @@ def main(argv: list[str] | None = None) -> int:
     print("| stage | states/s | seconds |\n| --- | --- | --- |")
     if decode_s is not None:
         print(f"| decode (iter_expert_examples) | {n / decode_s:.0f} | {decode_s:.1f} |")
-    print(f"| encode (encode_examples, batch 64, decoding excluded) | {n / encode_s:.0f} | {encode_s:.1f} |\n")
+    for eb, seconds in encode_s.items():
+        print(f"| encode (encode_examples, batch {eb}, decoding excluded) | {n / seconds:.0f} | {seconds:.1f} |")
+    print()
 
     init = {k: v.clone() for k, v in model.state_dict().items()}
     base = dict(batch_size=args.batch_size, lr=5e-4, eval_rows=64, train_encoders=sft.TRAINABLE_ENCODERS,

@@ -21,6 +21,7 @@ Example (one H200, a few minutes):
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import functools
 import json
@@ -166,6 +167,22 @@ def build_parser() -> argparse.ArgumentParser:
         "--compile-blocks",
         action="store_true",
         help="torch.compile the DiT blocks for SFT (WNMTransformer.compile_blocks; the first steps pay for compiling)",
+    )
+    p.add_argument(
+        "--encode-batch",
+        type=int,
+        default=None,
+        help="query states per encoder call when a round's collection is encoded (default 256 on CUDA, where it "
+        "encoded 2.1x faster than 64 on an H100, docs/benchmarks.md; 64 elsewhere, which bounds the VAE's "
+        "activations in host memory)",
+    )
+    p.add_argument(
+        "--profile-sft-steps",
+        type=int,
+        default=0,
+        help="profile this many SFT steps of every trained round with torch.profiler, after 20 steps of warm-up "
+        "(fewer when the round is short), and write the operators by device and by host time to "
+        "<workdir>/profile/r<k>_sft.txt (default 0: off)",
     )
     p.add_argument(
         "--sft-snapshot-s",
@@ -420,6 +437,10 @@ def _check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> No
             parser.error(f"--{name.replace('_', '-')} must be in [0, 1], got {getattr(args, name)}")
     if args.dagger_share is not None and not 0.0 <= args.dagger_share <= 1.0:
         parser.error(f"--dagger-share must be in [0, 1], got {args.dagger_share}")
+    if args.profile_sft_steps < 0:
+        parser.error(f"--profile-sft-steps must be >= 0 (0 = off), got {args.profile_sft_steps}")
+    if args.encode_batch is not None and args.encode_batch < 1:
+        parser.error(f"--encode-batch must be >= 1, got {args.encode_batch}")
     from verl_omni.models.wnm.sft import TRAINABLE_ENCODERS
 
     names = [] if args.train_encoders == "none" else args.train_encoders.split(",")
@@ -448,6 +469,51 @@ class RoundState:
     probe_examples: list | None = None
     mean_actions: object = None
     steps_total: int = 0
+
+
+def _encode_batch(args) -> int:
+    """``--encode-batch``, or its device default (256 on CUDA, 64 elsewhere)."""
+    if args.encode_batch is not None:
+        return args.encode_batch
+    return 256 if str(args.device).startswith("cuda") else 64
+
+
+@contextlib.contextmanager
+def _sft_profiler(args, rnd: int, steps: int):
+    """Yields the step hook of a ``torch.profiler`` run over ``--profile-sft-steps`` SFT steps of round ``rnd``
+    (None when off); the operator tables go to ``<workdir>/profile/r<rnd>_sft.txt``."""
+    if args.profile_sft_steps <= 0 or steps < 2:
+        yield None
+        return
+    import torch
+    from torch.profiler import ProfilerActivity, profile, schedule
+
+    from verl_omni.utils.trace_summary import chrome_trace_summary
+
+    active = min(args.profile_sft_steps, steps - 1)
+    wait = min(20, steps - 1 - active)  # past the first steps' allocations and cuDNN/cuBLAS heuristics
+    out = Path(args.workdir) / "profile" / f"r{rnd}_sft.txt"
+    out.parent.mkdir(parents=True, exist_ok=True)
+
+    def write(prof) -> None:
+        # The Chrome trace is written by the profiler's C++ side; prof.key_averages() parses every event in Python
+        # and took minutes for 20 steps of this loop on an H100 host, so the tables are summed from the trace.
+        trace = out.with_suffix(".json")
+        prof.export_chrome_trace(str(trace))
+        text = (
+            f"# round {rnd}: {active} SFT steps after {wait} (batch {args.batch_size}, autocast "
+            f"{args.sft_autocast}, device {args.device}); trace: {trace.name}\n\n{chrome_trace_summary(trace, active)}"
+        )
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = out.with_suffix(".tmp")
+        tmp.write_text(text)
+        tmp.replace(out)
+        _log(f"round {rnd}: SFT profile of {active} steps written to {out}")
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
+    with profile(activities=activities, schedule=schedule(wait=wait, warmup=1 if wait else 0, active=active,
+                                                          repeat=1), on_trace_ready=write) as prof:  # fmt: skip
+        yield lambda _step: prof.step()
 
 
 def _checkpoint_digest(ckpt: Path) -> str:
@@ -564,7 +630,7 @@ def _train_round(args, config, rnd: int, data: Path, ckpt: Path, state: RoundSta
             stream = _timed(sft.iter_expert_examples(data, config.history_frames, config.image_size, progress,
                                                      args.workers, episode_ids=part_ids), wait, "s")  # fmt: skip
             calibrate = fresh and config.vae_kind == "tiny"
-            part = sft.encode_examples(model, stream, batch=64, progress=progress, calibrate=calibrate,
+            part = sft.encode_examples(model, stream, batch=_encode_batch(args), progress=progress, calibrate=calibrate,
                                        fit_normalization=fresh)  # fmt: skip
             timings[f"r{rnd}_decode_wait_s"] += wait["s"]
             if cache is not None:
@@ -579,7 +645,7 @@ def _train_round(args, config, rnd: int, data: Path, ckpt: Path, state: RoundSta
     elif rnd == 0:
         held_ex = sft.load_expert_examples(data, config.history_frames, config.image_size, False, args.workers,
                                            episode_ids=held_ids)  # fmt: skip
-        state.heldout_rows = sft.encode_examples(model, held_ex, batch=64, progress=progress)
+        state.heldout_rows = sft.encode_examples(model, held_ex, batch=_encode_batch(args), progress=progress)
         state.probe_examples = sft.subsample(held_ex, args.probe_states)
         state.mean_actions = model.action_normalization.denormalize(rows.actions.double()).mean(0).cpu().numpy()
         del held_ex
@@ -624,7 +690,9 @@ def _train_round(args, config, rnd: int, data: Path, ckpt: Path, state: RoundSta
         view_head = None if prev_gate is None else prev_gate.head
         # The snapshot lives in the encoding folder: it belongs to these rows and goes with them.
         resume = None if cache is None else SFTResume(cache.root / "sft.pt", args.sft_snapshot_s, _log)
-        result = sft.train_sft(model, train_all, heldout, cfg_sft, progress, view_head=view_head, resume=resume)
+        with _sft_profiler(args, rnd, steps) as step_hook:
+            result = sft.train_sft(model, train_all, heldout, cfg_sft, progress, view_head=view_head, resume=resume,
+                                   step_hook=step_hook)  # fmt: skip
         clock = result["timings"]
         for key in ("steps_s", "heldout_eval_s", "snapshot_s", "refresh_features_s", "probes_s"):
             timings[f"r{rnd}_sft_{key}"] = clock[key]

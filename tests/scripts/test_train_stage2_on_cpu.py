@@ -16,10 +16,16 @@ def test_two_rounds_then_resume(tmp_path):
     cmd = [sys.executable, str(REPO / "scripts/train_stage2.py"), "--workdir", str(work), "--level", "one_room",
            "--scenes", "2", "--episodes-per-scene", "1", "--rounds", "2", "--dagger-scenes", "1", "--sft-steps", "2",
            "--round-steps", "1", "--batch-size", "2", "--eval-scenes", "1", "--eval-episodes", "2",
-           "--probe-states", "4", "--workers", "1", "--no-progress", "--dagger-share", "0.5"]  # fmt: skip
+           "--probe-states", "4", "--workers", "1", "--no-progress", "--dagger-share", "0.5",
+           "--profile-sft-steps", "1", "--encode-batch", "3"]  # fmt: skip
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "round 1: the round's own rows are" in proc.stdout and "each SFT batch draws 50.0% from them" in proc.stdout
+    # Round 0 (2 steps) is profiled over its last step; round 1 (1 step) is too short to profile.
+    profile = (work / "profile" / "r0_sft.txt").read_text()
+    assert "1 SFT steps after 0" in profile and "## host, top-level operators (ms/step)" in profile
+    assert "aten::" in profile and (work / "profile" / "r0_sft.json").is_file()
+    assert not (work / "profile" / "r1_sft.txt").exists()
     summary = json.loads((work / "summary.json").read_text())
     assert set(summary["evaluations"]) == {
         "expert",
@@ -60,7 +66,9 @@ def test_bad_flags_are_refused_before_any_work(tmp_path):
                           (["--sft-snapshot-s", "-1"], "--sft-snapshot-s"),
                           (["--no-eval-plain"], "--eval-stop-gate"),
                           (["--sft-steps", "0"], "--init-checkpoint"),
-                          (["--dagger-share", "1.5"], "--dagger-share")):  # fmt: skip
+                          (["--dagger-share", "1.5"], "--dagger-share"),
+                          (["--profile-sft-steps", "-1"], "--profile-sft-steps"),
+                          (["--encode-batch", "0"], "--encode-batch")):  # fmt: skip
         proc = subprocess.run([*base, *extra], capture_output=True, text=True, timeout=120)
         assert proc.returncode == 2 and needle in proc.stderr, proc.stderr
     assert not (tmp_path / "w").exists()

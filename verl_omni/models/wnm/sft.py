@@ -255,7 +255,7 @@ def _trainable_encoders(model: WNMModel, names: tuple[str, ...]) -> list[torch.n
 
 def _sft_loop(model, train, heldout, cfg, bar, g, opt, params, probes, curve, losses, window, aux_losses,
               after_step: Callable[[int, Callable[[], None]], None] | None = None,
-              clock: PhaseClock | None = None) -> None:  # fmt: skip
+              clock: PhaseClock | None = None, step_hook: Callable[[int], None] | None = None) -> None:  # fmt: skip
     """The optimizer steps of :func:`train_sft` (appends to ``curve``, ``losses``, ``window``, ``aux_losses``;
     calls ``after_step(step, flush)`` once a step is complete, ``flush()`` bringing the losses up to date).
 
@@ -324,6 +324,8 @@ def _sft_loop(model, train, heldout, cfg, bar, g, opt, params, probes, curve, lo
             bar.set_postfix(train=f"{curve[-1][1]:.3f}", heldout=f"{held:.3f}")
         if after_step is not None:
             after_step(step, flush)
+        if step_hook is not None:
+            step_hook(step)
     flush()
 
 
@@ -335,6 +337,7 @@ def train_sft(
     progress: bool = True,
     view_head: ObjectViewProbe | None = None,
     resume: SFTResume | None = None,
+    step_hook: Callable[[int], None] | None = None,
 ) -> dict:
     """AdamW flow-matching training of ``model.transformer`` (and of the ``cfg.train_encoders``).
 
@@ -342,7 +345,8 @@ def train_sft(
     recomputed with their new weights. ``view_head`` continues an earlier round's view head (``cfg.view_aux_weight``
     > 0) instead of starting a fresh one. With ``resume``, the run is snapshotted every ``resume.every_s`` seconds
     and a snapshot of the same settings and data sizes left by a run that was cut off is continued (the result is
-    the uninterrupted run's); the caller removes the snapshot once it has saved the result.
+    the uninterrupted run's); the caller removes the snapshot once it has saved the result. ``step_hook(step)`` is
+    called after every optimizer step (e.g. ``torch.profiler.profile.step`` of a profiler around the call).
 
     Returns:
         ``{"initial_heldout", "final_heldout", "instruction_gap"`` (:func:`instruction_gap` of the held-out rows)
@@ -417,7 +421,7 @@ def train_sft(
             probes = (probe, view_probe)
             with clock.phase("loop"):
                 _sft_loop(model, train, heldout, cfg, bar, g, opt, params, probes, curve, losses, window, aux_losses,
-                          None if resume is None else after_step, clock)  # fmt: skip
+                          None if resume is None else after_step, clock, step_hook)  # fmt: skip
     finally:
         for module in encoders:
             freeze(module)
