@@ -74,9 +74,15 @@ def short_stop_table(reward_cfg: dict, states, args, steps: tuple[int, ...] = (2
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
     if (args.collection is None) != (args.occupancy_root is None):
-        raise SystemExit("--collection and --occupancy-root go together")
+        parser.error("--collection and --occupancy-root go together")
+    if args.early_steps < 1:
+        parser.error(f"--early-steps must be >= 1 (the short STOP comes that many steps before the expert's), got "
+                     f"{args.early_steps}")  # fmt: skip
+    if args.num_scenes < 1 or args.episodes_per_scene < 1:
+        parser.error("--num-scenes and --episodes-per-scene must be >= 1")
     import yaml
 
     from verl_omni.utils.reward_score import build_reward_set

@@ -32,6 +32,9 @@
 # DAgger round driven from it over the REPLAY_SCENES replay collection (made once, hard-linked into the later
 # rounds) plus its own rows; round 0 is TWO_ROOMS_FROM if given, else the two_rooms round 0 trained by steps 1-4
 # (which then train round 0 only). Every chained round drives the same DAGGER_SCENES scenes with the newer policy.
+# From round 2 on, a round takes over the replay rows the round before it encoded (train_stage2.py --reuse-encoded:
+# the trained encoders' features are recomputed; nothing is decoded or run through the VAE again, about 170 s of
+# an H100 a round at session 25's rates). CHAINED_EVAL=last evaluates only the last chained round (default all).
 # Issue 17's Stage-II checkpoint came from this (docs/results.md, session 25): session 19's round 0 (from scratch,
 # ROUND0_SFT_AUTOCAST=bfloat16) -> 0.237, chained round 1 -> 0.233 (session 24), chained round 2 -> 0.297-0.300
 # (session 25, one H100, 1,109 s beside a Stage-III run), all float32 rounds, seed 0:
@@ -49,7 +52,7 @@
 # DAGGER_EXECUTE_STEPS (3: steps the DAgger behaviour policy executes per call, as the evaluation replans; 8 drives
 # whole chunks), TWO_ROOMS_EVAL_ROUNDS (the two_rooms rounds to evaluate, e.g. "1"; default all),
 # TWO_ROOMS_EVAL_PLAIN (1; 0 evaluates the two_rooms rounds with their STOP gate only, one closed-loop pass a round
-# less), TWO_ROOMS_FROM, REPLAY_SCENES and CHAINED_ROUNDS (above), ROUND0_SFT_AUTOCAST (--sft-autocast of the
+# less), TWO_ROOMS_FROM, REPLAY_SCENES, CHAINED_ROUNDS and CHAINED_EVAL (above), ROUND0_SFT_AUTOCAST (--sft-autocast of the
 # two round-0 trainings of steps 3-4 only, e.g. bfloat16; default float32), STAGE2_MODEL (the model's --set flags; default the 8-layer x 256
 # model below). Extra flags go to every train_stage2.py call after the recipe's own, so they override it (e.g.
 # --eval-episodes 100, or --dagger-share 0.05 to draw that share of every DAgger-round batch from the round's own
@@ -77,6 +80,11 @@ ONE_ROOM_STEPS=${ONE_ROOM_STEPS:-2000}
 TWO_ROOMS_STEPS=${TWO_ROOMS_STEPS:-2000}
 ROUND_STEPS=${ROUND_STEPS:-1000}
 CHAINED_ROUNDS=${CHAINED_ROUNDS:-0}
+CHAINED_EVAL=${CHAINED_EVAL:-all}
+if [ "$CHAINED_EVAL" != all ] && [ "$CHAINED_EVAL" != last ]; then
+  echo "CHAINED_EVAL=$CHAINED_EVAL: expected 'all' (every chained round evaluated) or 'last' (only the last one)" >&2
+  exit 2
+fi
 if ! [[ "$CHAINED_ROUNDS" =~ ^[0-9]+$ ]]; then
   echo "CHAINED_ROUNDS=$CHAINED_ROUNDS: expected a whole number of chained DAgger rounds (0 = none)" >&2
   exit 2
@@ -113,20 +121,28 @@ stamp() { echo "[curriculum $(date +%H:%M:%S)] $*"; }
 chain_rounds() {
   local from=$1 k dir prev=""
   shift
-  local eval_flags=(--eval-rounds 1)
-  if [ "${TWO_ROOMS_EVAL_PLAIN:-1}" = 0 ]; then eval_flags+=(--no-eval-plain); fi
+  local eval_flags reuse
   for k in $(seq 1 "$CHAINED_ROUNDS"); do
     dir="$RUN/two_rooms_chain_$k"
-    # The replay collection depends only on the task flags, the same in every round: synthesize it once.
-    if [ -n "$prev" ] && [ ! -e "$dir/data/r0" ] && [ -f "$prev/data/r0/collection.json" ]; then
-      mkdir -p "$dir/data"
-      cp -al "$prev/data/r0" "$dir/data/r0"
-      cp -al "$prev/data/r0_occ" "$dir/data/r0_occ"
+    eval_flags=(--eval-rounds 1)
+    if [ "$CHAINED_EVAL" = last ] && [ "$k" -lt "$CHAINED_ROUNDS" ]; then eval_flags=(--eval-rounds); fi
+    if [ "${TWO_ROOMS_EVAL_PLAIN:-1}" = 0 ]; then eval_flags+=(--no-eval-plain); fi
+    reuse=()
+    # The replay collection depends only on the task flags, the same in every round: synthesize it once, and take
+    # over its rows from the round before (train_stage2.py --reuse-encoded checks that they fit this round's model).
+    if [ -n "$prev" ]; then
+      if [ ! -e "$dir/data/r0" ] && [ -f "$prev/data/r0/collection.json" ]; then
+        mkdir -p "$dir/data"
+        cp -al "$prev/data/r0" "$dir/data/r0"
+        cp -al "$prev/data/r0_occ" "$dir/data/r0_occ"
+      fi
+      reuse=(--reuse-encoded "$prev")
     fi
     stamp "chained DAgger round $k of $CHAINED_ROUNDS from $from ($REPLAY_SCENES replay scenes)"
     "$PY" scripts/train_stage2.py --workdir "$dir" --level two_rooms --scenes "$REPLAY_SCENES" "${COMMON[@]}" \
       --workers "$WORKERS" --rounds 2 --sft-steps 0 --round-steps "$ROUND_STEPS" --batch-size 256 \
-      --dagger-scenes "$DAGGER_SCENES" --eval-stop-gate "${eval_flags[@]}" --init-checkpoint "$from" "$@"
+      --dagger-scenes "$DAGGER_SCENES" --eval-stop-gate "${eval_flags[@]}" --init-checkpoint "$from" "${reuse[@]}" \
+      "$@"
     from="$dir/ckpt/stage2_r1"
     prev=$dir
   done

@@ -169,6 +169,17 @@ def build_parser() -> argparse.ArgumentParser:
         help="torch.compile the DiT blocks for SFT (WNMTransformer.compile_blocks; the first steps pay for compiling)",
     )
     p.add_argument(
+        "--reuse-encoded",
+        type=Path,
+        default=None,
+        metavar="RUN",
+        help="take over round 0's encoded rows from RUN (another run's --workdir whose round 0 encoded the same "
+        "collection with a model of the same lineage, e.g. the previous chained DAgger round's replay), recomputing "
+        "only the trained encoders' features, instead of decoding and encoding the collection again; used only when "
+        "the collection digest and the rows fingerprint (VAE, latent statistics, action normalization, config, "
+        "untrained encoders) match, otherwise round 0 is encoded as usual and the reason is logged",
+    )
+    p.add_argument(
         "--encode-batch",
         type=int,
         default=None,
@@ -439,6 +450,9 @@ def _check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> No
         parser.error(f"--dagger-share must be in [0, 1], got {args.dagger_share}")
     if args.profile_sft_steps < 0:
         parser.error(f"--profile-sft-steps must be >= 0 (0 = off), got {args.profile_sft_steps}")
+    if args.reuse_encoded is not None and not (args.reuse_encoded / "data").is_dir():
+        parser.error(f"--reuse-encoded {args.reuse_encoded}: not a train_stage2.py run folder (no data/); name the "
+                     "--workdir of the run whose round-0 rows to take over")  # fmt: skip
     if args.encode_batch is not None and args.encode_batch < 1:
         parser.error(f"--encode-batch must be >= 1, got {args.encode_batch}")
     from verl_omni.models.wnm.sft import TRAINABLE_ENCODERS
@@ -469,6 +483,46 @@ class RoundState:
     probe_examples: list | None = None
     mean_actions: object = None
     steps_total: int = 0
+    round0_rows: dict | None = None  # round 0's collection digest and rows fingerprint (--reuse-encoded checks them)
+
+
+def _adopt_round0(run: Path, collection: str, model, trained: tuple[str, ...]) -> RoundState | None:
+    """Round 0's rows, held-out rows and probe states of the run in ``run``, with the ``trained`` encoders' features
+    recomputed by ``model`` (on its device), or None (the reason logged) when they cannot stand in for encoding
+    ``collection`` with ``model``: no finished round 0 there, another collection, or another rows fingerprint."""
+    import torch
+
+    from verl_omni.models.wnm.encode_cache import rows_fingerprint
+    from verl_omni.models.wnm.encoded_rows import refresh_features
+
+    path = Path(run) / "data" / "r0.rows.pt"
+    why, donor = None, None
+    if not path.is_file():
+        why = f"{path} is not there (that run's round 0 has not finished)"
+    else:
+        # Our own file (written by _save_round_cache in a run folder); it holds dataclasses, so not weights_only.
+        saved = torch.load(path, map_location="cpu", weights_only=False)
+        saved.pop("checkpoint_sha256", None)
+        donor = RoundState(**saved)
+        info = donor.round0_rows or {}
+        if not info:
+            why = f"{path} predates the rows fingerprint"
+        elif info["collection"] != collection:
+            why = f"{path} was encoded from another collection"
+        elif info["refreshed"] != sorted(trained) or info["rows_fingerprint"] != rows_fingerprint(model, trained):
+            why = (f"{path} was encoded by a model whose VAE, latent statistics, action normalization, config or "
+                   "untrained encoders differ from this one's, or that trained other encoders")  # fmt: skip
+    if why is not None:
+        _log(f"round 0: --reuse-encoded not used: {why}; encoding round 0 here")
+        return None
+    t0 = time.perf_counter()
+    rows, held = donor.accumulated.to(model.device), donor.heldout_rows.to(model.device)
+    refresh_features(model, rows, trained)
+    refresh_features(model, held, trained)
+    _log(f"round 0: took over {rows.examples} encoded states and the held-out rows of {path}; features of "
+         f"{', '.join(trained) or 'no encoder'} recomputed with this model in "
+         f"{time.perf_counter() - t0:.1f}s")  # fmt: skip
+    return dataclasses.replace(donor, accumulated=rows, heldout_rows=held.to("cpu"))
 
 
 def _encode_batch(args) -> int:
@@ -591,7 +645,7 @@ def _train_round(args, config, rnd: int, data: Path, ckpt: Path, state: RoundSta
     """
     from verl_omni.data.gn0 import list_episode_ids
     from verl_omni.models.wnm import WNMModel, load_wnm_checkpoint, save_wnm_checkpoint, sft
-    from verl_omni.models.wnm.encode_cache import EncodeCache
+    from verl_omni.models.wnm.encode_cache import EncodeCache, rows_fingerprint
     from verl_omni.models.wnm.sft_resume import SFTResume
     from verl_omni.models.wnm.stop_gate import StopGate, fit_stop_distance, load_stop_gate
 
@@ -608,54 +662,63 @@ def _train_round(args, config, rnd: int, data: Path, ckpt: Path, state: RoundSta
         previous = ckpt.with_name(f"stage2_r{rnd - 1}")
         model, source = load_wnm_checkpoint(previous, device=args.device), {"checkpoint": _checkpoint_digest(previous)}
     source["collection"] = _file_digest(data / "collection.json")
-    fresh = rnd == 0 and not ckpt.is_dir() and args.init_checkpoint is None  # fit statistics only for a new model
-    ids = list_episode_ids(data)
-    if rnd == 0:
-        train_ids, held_ids = sft.split_episode_ids(ids, 0.05, args.seed)
-    else:
-        train_ids = ids
-    # A fresh model fits its latent statistics and action normalization over all of its examples: one part.
-    size = len(train_ids) if fresh else SHARD_EPISODES
-    shards = [train_ids[i : i + size] for i in range(0, len(train_ids), size)]
     cache = None if ckpt.is_dir() else EncodeCache(data.with_name(data.name + ENCODED_SUFFIX), source, _log)
-    parts, reused = [], 0
-    timings[f"r{rnd}_decode_wait_s"] = 0.0
-    for i, part_ids in enumerate(shards):
-        part = None if cache is None else cache.load_part(i, model)
-        if part is not None:
-            reused += 1
-        else:
-            _log(f"round {rnd}: decoding and encoding {len(part_ids)} episodes (part {i + 1} of {len(shards)})")
-            wait = {}
-            stream = _timed(sft.iter_expert_examples(data, config.history_frames, config.image_size, progress,
-                                                     args.workers, episode_ids=part_ids), wait, "s")  # fmt: skip
-            calibrate = fresh and config.vae_kind == "tiny"
-            part = sft.encode_examples(model, stream, batch=_encode_batch(args), progress=progress, calibrate=calibrate,
-                                       fit_normalization=fresh)  # fmt: skip
-            timings[f"r{rnd}_decode_wait_s"] += wait["s"]
-            if cache is not None:
-                cache.save_part(i, part, model if fresh else None)
-        parts.append(part.to(args.device))
-    rows = parts[0] if len(parts) == 1 else sft.EncodedRows.concat(parts)
-    del parts
-    rest = None if cache is None else cache.load_rest()
-    if rest is not None and rnd == 0:
+    adopted = None
+    if rnd == 0 and args.reuse_encoded is not None and not ckpt.is_dir():
+        adopted = _adopt_round0(args.reuse_encoded, source["collection"], model, tuple(train_encoders))
+    if adopted is not None:
+        rows = adopted.accumulated
         state.heldout_rows, state.probe_examples, state.mean_actions = (
-            rest["heldout_rows"], rest["probe_examples"], rest["mean_actions"])  # fmt: skip
-    elif rnd == 0:
-        held_ex = sft.load_expert_examples(data, config.history_frames, config.image_size, False, args.workers,
-                                           episode_ids=held_ids)  # fmt: skip
-        state.heldout_rows = sft.encode_examples(model, held_ex, batch=_encode_batch(args), progress=progress)
-        state.probe_examples = sft.subsample(held_ex, args.probe_states)
-        state.mean_actions = model.action_normalization.denormalize(rows.actions.double()).mean(0).cpu().numpy()
-        del held_ex
-    if cache is not None and rest is None:  # later rounds carry round 0's held-out material in their state
-        cache.save_rest({"heldout_rows": state.heldout_rows.to("cpu") if rnd == 0 else None,
-                         "probe_examples": state.probe_examples if rnd == 0 else None,
-                         "mean_actions": state.mean_actions if rnd == 0 else None})  # fmt: skip
-    _log(f"round {rnd}: {rows.examples} encoded states, {reused} of {len(shards)} part(s) reused from "
-         f"{data.name}{ENCODED_SUFFIX}; {timings[f'r{rnd}_decode_wait_s']:.0f}s spent waiting for decoded episodes "
-         f"({args.workers} workers)")  # fmt: skip
+            adopted.heldout_rows, adopted.probe_examples, adopted.mean_actions)  # fmt: skip
+        timings[f"r{rnd}_decode_wait_s"] = 0.0
+    else:
+        fresh = rnd == 0 and not ckpt.is_dir() and args.init_checkpoint is None  # fit statistics only for a new model
+        ids = list_episode_ids(data)
+        if rnd == 0:
+            train_ids, held_ids = sft.split_episode_ids(ids, 0.05, args.seed)
+        else:
+            train_ids = ids
+        # A fresh model fits its latent statistics and action normalization over all of its examples: one part.
+        size = len(train_ids) if fresh else SHARD_EPISODES
+        shards = [train_ids[i : i + size] for i in range(0, len(train_ids), size)]
+        parts, reused = [], 0
+        timings[f"r{rnd}_decode_wait_s"] = 0.0
+        for i, part_ids in enumerate(shards):
+            part = None if cache is None else cache.load_part(i, model)
+            if part is not None:
+                reused += 1
+            else:
+                _log(f"round {rnd}: decoding and encoding {len(part_ids)} episodes (part {i + 1} of {len(shards)})")
+                wait = {}
+                stream = _timed(sft.iter_expert_examples(data, config.history_frames, config.image_size, progress,
+                                                         args.workers, episode_ids=part_ids), wait, "s")  # fmt: skip
+                calibrate = fresh and config.vae_kind == "tiny"
+                part = sft.encode_examples(model, stream, batch=_encode_batch(args), progress=progress,
+                                           calibrate=calibrate, fit_normalization=fresh)  # fmt: skip
+                timings[f"r{rnd}_decode_wait_s"] += wait["s"]
+                if cache is not None:
+                    cache.save_part(i, part, model if fresh else None)
+            parts.append(part.to(args.device))
+        rows = parts[0] if len(parts) == 1 else sft.EncodedRows.concat(parts)
+        del parts
+        rest = None if cache is None else cache.load_rest()
+        if rest is not None and rnd == 0:
+            state.heldout_rows, state.probe_examples, state.mean_actions = (
+                rest["heldout_rows"], rest["probe_examples"], rest["mean_actions"])  # fmt: skip
+        elif rnd == 0:
+            held_ex = sft.load_expert_examples(data, config.history_frames, config.image_size, False, args.workers,
+                                               episode_ids=held_ids)  # fmt: skip
+            state.heldout_rows = sft.encode_examples(model, held_ex, batch=_encode_batch(args), progress=progress)
+            state.probe_examples = sft.subsample(held_ex, args.probe_states)
+            state.mean_actions = model.action_normalization.denormalize(rows.actions.double()).mean(0).cpu().numpy()
+            del held_ex
+        if cache is not None and rest is None:  # later rounds carry round 0's held-out material in their state
+            cache.save_rest({"heldout_rows": state.heldout_rows.to("cpu") if rnd == 0 else None,
+                             "probe_examples": state.probe_examples if rnd == 0 else None,
+                             "mean_actions": state.mean_actions if rnd == 0 else None})  # fmt: skip
+        _log(f"round {rnd}: {rows.examples} encoded states, {reused} of {len(shards)} part(s) reused from "
+             f"{data.name}{ENCODED_SUFFIX}; {timings[f'r{rnd}_decode_wait_s']:.0f}s spent waiting for decoded episodes "
+             f"({args.workers} workers)")  # fmt: skip
     newest_from = 0  # rows before this index are earlier rounds' (SFTConfig.newest_rows_from)
     if state.accumulated is None:
         train_all = rows
@@ -761,6 +824,9 @@ def _train_round(args, config, rnd: int, data: Path, ckpt: Path, state: RoundSta
         sft.refresh_features(model, train_all, train_encoders)
         sft.refresh_features(model, heldout, train_encoders)
     # train_sft refreshed the cached features with the trained encoders: later rounds reuse them as they are.
+    if rnd == 0:  # what another run checks before it takes these rows over (--reuse-encoded)
+        state.round0_rows = {"collection": source["collection"], "refreshed": sorted(train_encoders),
+                             "rows_fingerprint": rows_fingerprint(model, tuple(train_encoders))}  # fmt: skip
     state.accumulated = train_all.to("cpu")
     state.heldout_rows = heldout.to("cpu")
     del model, train_all, heldout

@@ -319,23 +319,29 @@ def test_curriculum_script_runs_one_room_then_two_rooms_from_it(tmp_path):
     assert bad.returncode == 2 and "ROUNDS >= 2" in bad.stderr
 
     # Chained rounds: round k is a run of its own whose round 0 is round k-1's checkpoint (named by manifest sha256
-    # in its provenance), and the replay collection is synthesized once and hard-linked into round 2.
-    chain_env = {**dagger_env, "CHAINED_ROUNDS": "2"}
+    # in its provenance), and the replay collection is synthesized once and hard-linked into round 2, which takes
+    # over round 1's encoded replay rows; with CHAINED_EVAL=last only round 2 is evaluated.
+    chain_env = {**dagger_env, "CHAINED_ROUNDS": "2", "CHAINED_EVAL": "last"}
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=chain_env, cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     chain1, chain2 = run / "two_rooms_chain_1", run / "two_rooms_chain_2"
+    assert proc.stdout.count("round 0: took over") == 1 and f"{chain1}/data/r0.rows.pt" in proc.stdout
+    evaluated = {chain1: set(), chain2: {"stage2_r1_gate_x3"}}
     for k, (chain, start) in enumerate(((chain1, carried), (chain2, chain1 / "ckpt" / "stage2_r1")), 1):
         init = json.loads((chain / "ckpt" / "stage2_r0" / "checkpoint_manifest.json").read_text())["provenance"][
             "init_checkpoint"]  # fmt: skip
         sha = hashlib.sha256((start / "checkpoint_manifest.json").read_bytes()).hexdigest()
         assert init["path"] == str(start) and init["manifest_sha256"] == sha, k
         assert f"(manifest sha256 {sha[:12]}), unchanged" in (chain / "ckpt" / "stage2_r1" / "README.md").read_text()
-        assert set(json.loads((chain / "summary.json").read_text())["evaluations"]) == {"stage2_r1_gate_x3"}
+        assert set(json.loads((chain / "summary.json").read_text())["evaluations"]) == evaluated[chain]
     shard = next(p for p in sorted((chain1 / "data" / "r0").rglob("*")) if p.is_file())
     assert (chain2 / "data" / "r0" / shard.relative_to(chain1 / "data" / "r0")).stat().st_ino == shard.stat().st_ino
     bad = subprocess.run(cmd, capture_output=True, text=True, timeout=60, cwd=tmp_path,
                          env={**chain_env, "CHAINED_ROUNDS": "two"})  # fmt: skip
     assert bad.returncode == 2 and "CHAINED_ROUNDS" in bad.stderr
+    bad = subprocess.run(cmd, capture_output=True, text=True, timeout=60, cwd=tmp_path,
+                         env={**chain_env, "CHAINED_EVAL": "first"})  # fmt: skip
+    assert bad.returncode == 2 and "CHAINED_EVAL" in bad.stderr
     bad = subprocess.run(cmd, capture_output=True, text=True, timeout=60, cwd=tmp_path,
                          env={**chain_env, "TWO_ROOMS_EVAL_ROUNDS": "1"})  # fmt: skip
     assert bad.returncode == 2 and "TWO_ROOMS_EVAL_ROUNDS" in bad.stderr
@@ -422,3 +428,60 @@ def test_call_stopped_while_encoding_keeps_the_parts_it_finished(tmp_path, capsy
     a = read_state_dict(reference / "ckpt" / "stage2_r0" / "transformer")
     b = read_state_dict(resumed / "ckpt" / "stage2_r0" / "transformer")
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_chained_round_takes_over_the_replay_encoding_of_the_round_before(tmp_path, gated_one_room):
+    """A chained DAgger round replays the collection the round before it encoded: with --reuse-encoded it takes
+    those rows over, recomputing only the trained encoders' features, and gets what encoding them again gives."""
+    import os
+    import shutil
+
+    import torch
+
+    base = [sys.executable, str(REPO / "scripts/train_stage2.py"), "--level", "one_room", "--scenes", "2",
+            "--episodes-per-scene", "1", "--batch-size", "2", "--eval-rounds", "--skip-baselines", "--probe-states",
+            "4", "--workers", "1", "--no-progress", "--eval-scenes", "1", "--eval-episodes", "2", "--dagger-scenes",
+            "1", "--view-aux-weight", "1", "--face-goal-object", "--goal-point", "nearest"]  # fmt: skip
+
+    def run(*extra):
+        proc = subprocess.run([*base, *map(str, extra)], capture_output=True, text=True, timeout=900)
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        return proc.stdout
+
+    def replay_from(src, work):  # the replay collection, hard-linked as stage2_curriculum.sh does
+        (work / "data").mkdir(parents=True)
+        for sub in ("r0", "r0_occ"):
+            shutil.copytree(src / "data" / sub, work / "data" / sub, copy_function=os.link)
+
+    # The round before: round 0 = the one_room checkpoint over a 2-scene replay collection, then one DAgger step
+    # that trains the encoders (so the next round's features differ from the rows it encoded).
+    before = tmp_path / "chain_1"
+    run("--workdir", before, "--init-checkpoint", gated_one_room / "ckpt" / "stage2_r0", "--sft-steps", "0",
+        "--rounds", "2", "--round-steps", "1")  # fmt: skip
+    start = before / "ckpt" / "stage2_r1"
+    outs = {}
+    for name, extra in (("adopted", ["--reuse-encoded", before]), ("encoded", [])):
+        replay_from(before, tmp_path / name)
+        outs[name] = run("--workdir", tmp_path / name, "--init-checkpoint", start, "--sft-steps", "0", "--rounds", "1",
+                         *extra)  # fmt: skip
+    assert "round 0: took over" in outs["adopted"] and "decoding and encoding" not in outs["adopted"]
+    assert "decoding and encoding" in outs["encoded"]
+
+    def state(name):
+        return torch.load(tmp_path / name / "data" / "r0.rows.pt", map_location="cpu", weights_only=False)
+
+    adopted, encoded, old = state("adopted"), state("encoded"), state("chain_1")
+    for key in ("accumulated", "heldout_rows"):
+        a, e, o = adopted[key], encoded[key], old[key]
+        for field in ("history_latents", "target_latents", "actions", "row_example", "text_ids", "text_mask", "views"):
+            assert torch.equal(getattr(a, field), getattr(e, field)), (key, field)
+        for field in ("text", "image", "geometry"):
+            torch.testing.assert_close(getattr(a, field), getattr(e, field), rtol=1e-5, atol=1e-5)
+            assert not torch.allclose(getattr(o, field), getattr(e, field)), f"{key}.{field} was not recomputed"
+    assert adopted["round0_rows"] == encoded["round0_rows"]
+    assert [p.episode_id for p in adopted["probe_examples"]] == [p.episode_id for p in encoded["probe_examples"]]
+    # The one_room run's round 0 encoded another collection: its rows are not taken over.
+    replay_from(before, tmp_path / "refused")
+    out = run("--workdir", tmp_path / "refused", "--init-checkpoint", start, "--sft-steps", "0", "--rounds", "1",
+              "--reuse-encoded", gated_one_room)  # fmt: skip
+    assert "--reuse-encoded not used:" in out and "another collection" in out and "decoding and encoding" in out

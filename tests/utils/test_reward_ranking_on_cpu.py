@@ -230,3 +230,15 @@ def test_short_stop_against_missed_on_real_query_states(locked_cfg_and_states):
             assert r["short_over_no_stop_stop_layers"] == 0.0 and r["short_over_no_stop"] == 0.0
     with pytest.raises(ValueError, match="early_steps"):
         short_stop_against_missed(build_reward_set(cfg), states, early_steps=0)
+
+
+def test_report_refuses_bad_flags_before_any_work():
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[2] / "scripts" / "reward_ranking.py"
+    for flags, needle in ((["--early-steps", "0"], "--early-steps"), (["--num-scenes", "0"], "--num-scenes"),
+                          (["--collection", "c"], "--occupancy-root")):  # fmt: skip
+        proc = subprocess.run([sys.executable, str(script), *flags], capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 2 and needle in proc.stderr and "Traceback" not in proc.stderr, proc.stderr

@@ -15,6 +15,7 @@ Layout of the folder::
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 from collections.abc import Callable
@@ -23,6 +24,37 @@ from pathlib import Path
 import torch
 
 from .encoded_rows import EncodedRows
+
+ROW_SOURCES = ("text_encoder", "image_encoder", "geometry_encoder")  # encoders whose features rows cache
+
+
+def rows_fingerprint(model, refreshed: tuple[str, ...]) -> str:
+    """sha256 of everything an encoded row depends on besides the features of the ``refreshed`` encoders.
+
+    That is the model config, the VAE's weights and latent statistics, the action normalization and the weights of
+    the encoders not in ``refreshed``. Two models with the same fingerprint encode a collection into the same rows
+    up to the ``refreshed`` encoders' features, which ``encoded_rows.refresh_features`` recomputes from the rows'
+    raw inputs: so a run can take over rows another model of its lineage encoded (``train_stage2.py
+    --reuse-encoded``) instead of decoding and encoding the collection again.
+
+    Args:
+        model: A ``WNMModel``.
+        refreshed: Names (of :data:`ROW_SOURCES`) of the encoders whose features are recomputed.
+    """
+    h = hashlib.sha256()
+    h.update(json.dumps(model.config.to_dict(), sort_keys=True, default=str).encode())
+    norm = model.action_normalization
+    h.update(json.dumps({"mean": list(norm.mean), "std": list(norm.std), "refreshed": sorted(refreshed)}).encode())
+    for buf in (model.latents_mean, model.latents_std):
+        h.update(buf.detach().float().cpu().contiguous().numpy().tobytes())
+    for name in ("vae", *(n for n in ROW_SOURCES if n not in refreshed)):
+        module = getattr(model, name)
+        if module is None:
+            continue
+        for key, value in sorted(module.state_dict().items()):
+            h.update(f"{name}.{key}:{value.dtype}:{tuple(value.shape)}".encode())
+            h.update(value.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
 
 
 class EncodeCache:
