@@ -35,6 +35,7 @@
 # From round 2 on, a round takes over the replay rows the round before it encoded (train_stage2.py --reuse-encoded:
 # the trained encoders' features are recomputed; nothing is decoded or run through the VAE again, about 170 s of
 # an H100 a round at session 25's rates). CHAINED_EVAL=last evaluates only the last chained round (default all).
+# From scratch (or ONE_ROOM_FROM), the replay collection is synthesized in the background beside the two_rooms round 0.
 # Issue 17's Stage-II checkpoint came from this (docs/results.md, session 25): session 19's round 0 (from scratch,
 # ROUND0_SFT_AUTOCAST=bfloat16) -> 0.237, chained round 1 -> 0.233 (session 24), chained round 2 -> 0.297-0.300
 # (session 25, one H100, 1,109 s beside a Stage-III run), all float32 rounds, seed 0:
@@ -205,13 +206,33 @@ else
 fi
 
 TWO_ROUNDS=$ROUNDS
-if [ "$CHAINED_ROUNDS" -gt 0 ]; then TWO_ROUNDS=1; fi # the DAgger rounds are the chained ones below
+REPLAY_SYN=""
+if [ "$CHAINED_ROUNDS" -gt 0 ]; then
+  TWO_ROUNDS=1 # the DAgger rounds are the chained ones below
+  REPLAY_SCENES=${REPLAY_SCENES:-400}
+  if [ ! -f "$RUN/two_rooms_chain_1/data/r0/collection.json" ]; then
+    # The chained rounds' replay collection needs only the CPU: synthesize it while the GPU trains round 0 (each
+    # scene's randomness comes from the seed and its index, so the data are those the first round would make).
+    stamp "replay collection ($REPLAY_SCENES scenes) in the background on $SYN_WORKERS cores"
+    "$PY" scripts/train_stage2.py --workdir "$RUN/two_rooms_chain_1" --level two_rooms --scenes "$REPLAY_SCENES" \
+      "${MODEL[@]}" "${COMMON[@]}" --workers "$SYN_WORKERS" --synthesize-only "$@" > "$RUN/replay_synthesis.log" 2>&1 &
+    REPLAY_SYN=$!
+    trap 'kill $REPLAY_SYN 2>/dev/null || true' EXIT
+  fi
+fi
 stamp "4/4 two_rooms rounds 0..$((TWO_ROUNDS - 1)) from the one_room checkpoint"
 "$PY" scripts/train_stage2.py "${TWO[@]}" "${COMMON[@]}" --workers "$WORKERS" --rounds "$TWO_ROUNDS" \
   --sft-steps "$TWO_ROOMS_STEPS" --round-steps "$ROUND_STEPS" --batch-size 256 --dagger-scenes "$DAGGER_SCENES" \
   --eval-stop-gate "${TWO_EVAL[@]}" --init-checkpoint "$ONE_CKPT" "${ROUND0_AUTOCAST[@]}" "$@"
 stamp "done: $RUN/two_rooms/summary.md"
 if [ "$CHAINED_ROUNDS" -gt 0 ]; then
-  REPLAY_SCENES=${REPLAY_SCENES:-400}
+  if [ -n "$REPLAY_SYN" ]; then
+    if ! wait "$REPLAY_SYN"; then
+      echo "replay synthesis failed; its log: $RUN/replay_synthesis.log" >&2
+      tail -20 "$RUN/replay_synthesis.log" >&2
+      exit 1
+    fi
+    trap - EXIT
+  fi
   chain_rounds "$RUN/two_rooms/ckpt/stage2_r0" "$@"
 fi

@@ -358,6 +358,10 @@ def test_curriculum_script_runs_one_room_then_two_rooms_from_it(tmp_path):
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     run2 = tmp_path / "cur2"
     assert not (run2 / "one_room").exists()
+    # The replay collection was synthesized in the background beside round 0, and the chained round used it.
+    assert "replay collection (2 scenes) in the background" in proc.stdout
+    assert "--synthesize-only" in (run2 / "replay_synthesis.log").read_text()
+    assert f"reusing {run2 / 'two_rooms_chain_1' / 'data' / 'r0'}" in proc.stdout
     r0 = run2 / "two_rooms" / "ckpt" / "stage2_r0"
     prov = json.loads((r0 / "checkpoint_manifest.json").read_text())["provenance"]
     init = prov["init_checkpoint"]
