@@ -48,6 +48,15 @@ def test_any_order_duplicates_and_seeking(tmp_path):
     assert read_frames(path, []).shape == (0, 16, 16, 3)
 
 
+def test_decoder_threads_do_not_change_the_frames(tmp_path):
+    frames = _frames(24, 64, 64)
+    path = tmp_path / "v.mp4"
+    write_video(path, frames, fps=4)
+    one = read_frames(path, range(24))  # the default: one decoder thread
+    for threads in (0, 4):  # FFmpeg's own count, and several
+        np.testing.assert_array_equal(read_frames(path, range(24), threads=threads), one)
+
+
 def test_errors(tmp_path):
     frames = _frames(5, 16, 16)
     path = tmp_path / "v.mp4"

@@ -26,6 +26,8 @@ DEFAULT_CODEC = "libx264"
 DEFAULT_PIX_FMT = "yuv444p"
 DEFAULT_CRF = 10
 DEFAULT_GOP = 16
+# Decoder threads of read_frames when the caller names none; scripts/bench_decode.py changes it to time others.
+DECODE_THREADS = 1
 
 
 class VideoError(ValueError):
@@ -193,6 +195,7 @@ def read_frames(
     *,
     seek_threshold: int = DEFAULT_GOP,
     stats: dict | None = None,
+    threads: int | None = None,
 ) -> np.ndarray:
     """Decodes the requested frames (0-based indices) of a video.
 
@@ -203,6 +206,10 @@ def read_frames(
             frames ahead of the decoder.
         stats: When given, receives ``{"decoded": frames decoded, "seeks": seeks made}`` (for profiling and
             for tests that check that late frames do not cost a full decode).
+        threads: Decoder slice threads (default :data:`DECODE_THREADS`, 1; 0 = FFmpeg's choice, one per core).
+            One, because our clips are small and decoded by process pools already: with FFmpeg's choice every
+            process starts a thread per core for each clip it opens (``scripts/bench_decode.py`` measures both).
+            The frames are the same either way.
 
     Returns:
         ``uint8 [len(indices), H, W, 3]`` RGB frames in request order.
@@ -219,6 +226,7 @@ def read_frames(
     with _open(path) as container:
         stream = container.streams.video[0]
         stream.thread_type = "SLICE"
+        stream.codec_context.thread_count = DECODE_THREADS if threads is None else threads
         h, w = stream.codec_context.height, stream.codec_context.width
         if idx.size == 0:
             return np.zeros((0, h, w, 3), np.uint8)

@@ -1,0 +1,54 @@
+"""States per second out of ``iter_expert_examples`` (the decoding half of a Stage-II round's encoding) by decoder
+threads and decoding processes.
+
+    python scripts/bench_decode.py --collection RUN/two_rooms/data/r0 --workers 1 2 16 --threads 1 0
+
+``--threads 0`` is FFmpeg's own choice (a thread per core in every decoding process); 1 is what
+``verl_omni.data.video.read_frames`` uses. The pool's processes are forked, so they see the setting of each row.
+Each row decodes the same ``--states`` query states; the first row also warms the page cache.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import time
+from pathlib import Path
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--collection", type=Path, required=True, help="GN0 collection (e.g. train_stage2.py's data/r0)")
+    p.add_argument("--workers", type=int, nargs="+", default=[1, 2], help="decoding processes per row")
+    p.add_argument("--threads", type=int, nargs="+", default=[1, 0], help="decoder threads per row (0 = FFmpeg's)")
+    p.add_argument("--states", type=int, default=2000, help="query states decoded per row (default 2000)")
+    p.add_argument("--history-frames", type=int, default=33, help="history frames per state (default 33)")
+    args = p.parse_args(argv)
+    if min(args.workers) < 1 or min(args.threads) < 0 or args.states < 1:
+        p.error("--workers and --states must be >= 1 and --threads >= 0")
+    import multiprocessing as mp
+
+    if mp.get_start_method(allow_none=True) not in (None, "fork"):
+        p.error("the decoding processes must be forked to see each row's thread setting")
+    mp.set_start_method("fork", force=True)
+
+    from verl_omni.data import video
+    from verl_omni.data.gn0 import read_collection_info
+    from verl_omni.models.wnm.expert_data import iter_expert_examples
+
+    info = read_collection_info(args.collection)
+    size = tuple(info.image_size)
+    print(f"# decoding {args.collection} ({size[0]} x {size[1]} frames), {args.states} states a row\n")
+    print("| decoder threads | processes | states | seconds | states/s |\n| ---: | ---: | ---: | ---: | ---: |")
+    for threads, workers in itertools.product(args.threads, args.workers):
+        video.DECODE_THREADS = threads
+        t0 = time.perf_counter()
+        stream = iter_expert_examples(args.collection, args.history_frames, size, False, workers)
+        n = sum(1 for _ in itertools.islice(stream, args.states))
+        dt = time.perf_counter() - t0
+        print(f"| {threads or 'FFmpeg'} | {workers} | {n} | {dt:.1f} | {n / dt:.0f} |", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
