@@ -565,8 +565,10 @@ def _sft_profiler(args, rnd: int, steps: int):
         _log(f"round {rnd}: SFT profile of {active} steps written to {out}")
 
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
+    # Input shapes let the device table name the tensors each expensive kernel worked on.
     with profile(activities=activities, schedule=schedule(wait=wait, warmup=1 if wait else 0, active=active,
-                                                          repeat=1), on_trace_ready=write) as prof:  # fmt: skip
+                                                          repeat=1), on_trace_ready=write,
+                 record_shapes=True) as prof:  # fmt: skip
         yield lambda _step: prof.step()
 
 

@@ -7,8 +7,8 @@ import pytest
 from verl_omni.utils.trace_summary import chrome_trace_summary, trace_times
 
 
-def _op(name, ts, dur, tid=1, cat="cpu_op"):
-    return {"ph": "X", "cat": cat, "name": name, "ts": ts, "dur": dur, "pid": 7, "tid": tid}
+def _op(name, ts, dur, tid=1, cat="cpu_op", **args):
+    return {"ph": "X", "cat": cat, "name": name, "ts": ts, "dur": dur, "pid": 7, "tid": tid, "args": args}
 
 
 def test_nested_host_ops_count_once_and_device_work_sums_by_name():
@@ -24,17 +24,36 @@ def test_nested_host_ops_count_once_and_device_work_sums_by_name():
         {"ph": "i", "cat": "cpu_op", "name": "instant", "ts": 1},  # not a complete event
         _op("ProfilerStep#3", 0, 400, cat="user_annotation"),  # annotations are not operators
     ]
-    device, host = trace_times(events)
+    device, host, launched = trace_times(events)
     assert dict(device) == {"gemm": 60.0, "Memcpy HtoD": 7.0}
     assert dict(host) == {"aten::linear": 150.0, "aten::randn": 30.0}
+    assert dict(launched) == {"(unattributed)": 67.0}  # these kernels carry no External id
+
+
+def test_device_time_goes_to_the_operator_that_launched_it():
+    events = [
+        _op("aten::linear", 0, 100, **{"External id": 1, "Input Dims": [[4, 8], [16, 8], [16]]}),
+        _op("aten::addmm", 10, 80, **{"External id": 2, "Input Dims": [[16], [4, 8], [8, 16], [], []]}),
+        _op("aten::copy_", 200, 10, tid=2, **{"External id": 3, "Input Dims": [[4, 16], [4, 16], []]}),
+        _op("gemm", 20, 40, cat="kernel", **{"External id": 2, "correlation": 9}),
+        _op("gemm", 70, 20, cat="kernel", **{"External id": 2, "correlation": 10}),
+        _op("copy", 205, 5, cat="kernel", **{"External id": 3}),  # launched by a top-level op of another thread
+        _op("orphan", 300, 1, cat="kernel", **{"External id": 99}),  # its op fell outside the profiled window
+    ]
+    _, _, launched = trace_times(events)
+    # 40 + 20 us of gemm inside addmm inside linear; empty dims of non-tensor arguments are left out.
+    assert dict(launched) == {"aten::linear > aten::addmm [[16],[4,8],[8,16]]": 60.0,
+                              "aten::copy_ [[4,16],[4,16]]": 5.0, "(unattributed)": 1.0}  # fmt: skip
 
 
 def test_summary_divides_by_steps(tmp_path):
     trace = tmp_path / "t.json"
-    trace.write_text(json.dumps({"traceEvents": [_op("gemm", 0, 3000, cat="kernel"), _op("aten::mm", 0, 5000)]}))
+    events = [_op("gemm", 0, 3000, cat="kernel", **{"External id": 5}), _op("aten::mm", 0, 5000, **{"External id": 5})]
+    trace.write_text(json.dumps({"traceEvents": events}))
     text = chrome_trace_summary(trace, steps=2)
     # 3000 us of kernels over 2 steps = 1.5 ms/step; 5000 us of host ops = 2.5 ms/step.
     assert text.startswith("device busy 1.5 ms/step; top-level host operators 2.5 ms/step")
     assert "     1.50  gemm" in text and "     2.50  aten::mm" in text
+    assert text.rstrip().endswith("     1.50  aten::mm")  # the launching operator's table comes last
     with pytest.raises(ValueError, match="steps"):
         chrome_trace_summary(trace, steps=0)

@@ -14,38 +14,57 @@ from pathlib import Path
 DEVICE_CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset")
 
 
-def trace_times(events: list[dict]) -> tuple[collections.Counter, collections.Counter]:
-    """Microseconds by name of device work and of top-level host operators in Chrome-trace ``events``.
+def trace_times(events: list[dict]) -> tuple[collections.Counter, collections.Counter, collections.Counter]:
+    """Microseconds by name of device work, of top-level host operators, and of device work by launching operator.
 
     Args:
         events: ``traceEvents`` of a trace; complete events (``"ph": "X"``) with ``name``, ``cat``, ``ts`` and
             ``dur`` (microseconds) count, others are ignored.
 
     Returns:
-        ``(device, host)``: device kernels, copies and memsets summed by name; host ``cpu_op`` events that are not
-        nested inside another ``cpu_op`` of the same thread (so a ``linear`` is not counted again as the ``addmm``
-        it calls), summed by name.
+        ``(device, host, launched)``: device kernels, copies and memsets summed by name; host ``cpu_op`` events
+        that are not nested inside another ``cpu_op`` of the same thread (so a ``linear`` is not counted again as
+        the ``addmm`` it calls), summed by name; and device time summed by the operator that launched it, named
+        ``"<top-level op> > <innermost op> <input dims>"``. The profiler gives a kernel the ``External id`` of the
+        innermost operator around its launch; kernels without one count as ``"(unattributed)"``.
     """
     device: collections.Counter = collections.Counter()
     host: collections.Counter = collections.Counter()
-    threads: dict[tuple, list[tuple[float, float, str]]] = collections.defaultdict(list)
+    launched: collections.Counter = collections.Counter()
+    threads: dict[tuple, list[tuple[float, float, str, object]]] = collections.defaultdict(list)
+    kernels = []
     for e in events:
         if e.get("ph") != "X":
             continue
         cat, name, dur = e.get("cat", ""), str(e.get("name", "?")), float(e.get("dur", 0.0))
+        args = e.get("args") or {}
         if cat in DEVICE_CATEGORIES:
             device[name] += dur
+            kernels.append((args.get("External id"), dur))
         elif cat == "cpu_op":
             start = float(e["ts"])
-            threads[(e.get("pid"), e.get("tid"))].append((start, start + dur, name))
+            threads[(e.get("pid"), e.get("tid"))].append((start, start + dur, name, args))
+    by_id: dict = {}  # External id of every host operator -> "<top-level op> > <op> <dims>"
     for ops in threads.values():
         ops.sort(key=lambda op: (op[0], -op[1]))  # an enclosing op before the ops it starts with
-        end = float("-inf")
-        for start, stop, name in ops:
-            if start >= end:
+        end, top = float("-inf"), ""
+        for start, stop, name, args in ops:
+            dims = args.get("Input Dims")
+            label = name if not dims else f"{name} {_dims(dims)}"
+            if start >= end:  # a top-level operator
                 host[name] += stop - start
-                end = stop
-    return device, host
+                end, top = stop, name
+                by_id[args.get("External id")] = label
+            else:
+                by_id[args.get("External id")] = f"{top} > {label}"
+    for ext, dur in kernels:
+        launched[by_id.get(ext, "(unattributed)") if ext is not None else "(unattributed)"] += dur
+    return device, host, launched
+
+
+def _dims(dims) -> str:
+    """Input dims of a profiled operator, without the empty entries of non-tensor arguments."""
+    return str([d for d in dims if d not in ([], None, "")]).replace(" ", "")
 
 
 def chrome_trace_summary(trace: Path, steps: int, rows: int = 25, width: int = 100) -> str:
@@ -60,7 +79,7 @@ def chrome_trace_summary(trace: Path, steps: int, rows: int = 25, width: int = 1
     if steps < 1:
         raise ValueError(f"chrome_trace_summary: steps must be >= 1, got {steps}")
     events = json.loads(Path(trace).read_text()).get("traceEvents", [])
-    device, host = trace_times(events)
+    device, host, launched = trace_times(events)
 
     def per_step(us: float) -> float:
         return us / 1e3 / steps
@@ -70,4 +89,7 @@ def chrome_trace_summary(trace: Path, steps: int, rows: int = 25, width: int = 1
     lines += [f"{per_step(v):9.2f}  {k[:width]}" for k, v in device.most_common(rows)]
     lines += ["", "## host, top-level operators (ms/step)"]
     lines += [f"{per_step(v):9.2f}  {k[:width]}" for k, v in host.most_common(rows)]
+    if device:
+        lines += ["", "## device time by the operator that launched it: top-level > innermost [input dims] (ms/step)"]
+        lines += [f"{per_step(v):9.2f}  {k[: 2 * width]}" for k, v in launched.most_common(rows)]
     return "\n".join(lines) + "\n"
