@@ -102,6 +102,28 @@ def _train_seconds(model, init, rows, held, cfg, device, variant: str) -> tuple[
     return time.perf_counter() - t0, peak, result["final_heldout"]["loss"]
 
 
+def _profile(model, init, rows, held, base: dict, variant: str, args) -> str:
+    """Where ``args.profile_steps`` SFT steps of ``variant`` spend device and host time (after 10 steps)."""
+    import tempfile
+
+    from torch.profiler import ProfilerActivity, profile, schedule
+
+    from verl_omni.models.wnm import sft
+    from verl_omni.utils.trace_summary import chrome_trace_summary
+
+    steps = 10 + 1 + args.profile_steps
+    cfg = sft.SFTConfig(steps=steps, eval_every=steps, autocast="bfloat16" if "bf16" in variant else "none", **base)
+    model.load_state_dict(init)
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
+    with tempfile.TemporaryDirectory() as tmp:
+        trace = Path(tmp) / "trace.json"
+        with profile(activities=activities, schedule=schedule(wait=10, warmup=1, active=args.profile_steps,
+                                                              repeat=1), record_shapes=True,
+                     on_trace_ready=lambda prof: prof.export_chrome_trace(str(trace))) as prof:  # fmt: skip
+            sft.train_sft(model, rows, held, cfg, progress=False, step_hook=lambda _step: prof.step())
+        return chrome_trace_summary(trace, args.profile_steps)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -112,15 +134,22 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=20, help="SFT steps of the shorter timed run (default 20)")
     p.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
     p.add_argument(
+        "--profile-steps",
+        type=int,
+        default=0,
+        help="also profile this many SFT steps of every variant (after 10) and print where device and host time go, "
+        "as train_stage2.py --profile-sft-steps does in a real round (default 0: off)",
+    )
+    p.add_argument(
         "--encode-batches",
         type=int,
         nargs="+",
         default=[64],
-        help="examples per encoder call to time encoding at (default 64, what train_stage2.py uses)",
+        help="examples per encoder call to time encoding at (default 64; train_stage2.py uses 256 on CUDA)",
     )
     args = p.parse_args(argv)
-    if args.states < 8 or args.steps < 1 or args.batch_size < 1 or args.workers < 1:
-        p.error("--states must be >= 8 and --steps, --batch-size, --workers >= 1")
+    if args.states < 8 or args.steps < 1 or args.batch_size < 1 or args.workers < 1 or args.profile_steps < 0:
+        p.error("--states must be >= 8, --steps, --batch-size, --workers >= 1 and --profile-steps >= 0")
     device = torch.device(args.device)
     torch.set_float32_matmul_precision("high")  # as train_stage2.py trains (--matmul-precision high)
 
@@ -191,6 +220,9 @@ def main(argv: list[str] | None = None) -> int:
             f"\ndevice waits in a 2-step train_sft (incl. its held-out evaluations): {sum(where.values())}; "
             f"by line: {dict(where.most_common(12))}"
         )
+    for variant in args.variants if args.profile_steps else ():
+        summary = _profile(model, init, rows, held, base, variant, args)
+        print(f"\n## profile of {args.profile_steps} steps, {variant}\n\n{summary}")
     ref = {v: ms for v, ms, _, _ in table}.get("default")
     print(f"\n| SFT step, batch {args.batch_size} | ms/step | rows/s | vs default | peak GiB | held-out loss after "
           f"{3 * args.steps} steps |\n| --- | --- | --- | --- | --- | --- |")  # fmt: skip
