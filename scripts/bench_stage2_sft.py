@@ -111,7 +111,7 @@ def _profile(model, init, rows, held, base: dict, variant: str, args) -> str:
     from verl_omni.models.wnm import sft
     from verl_omni.utils.trace_summary import chrome_trace_summary
 
-    steps = 10 + 1 + args.profile_steps
+    steps = 10 + 1 + args.profile_steps + 1  # the last step evaluates the held-out rows: outside the window
     cfg = sft.SFTConfig(steps=steps, eval_every=steps, autocast="bfloat16" if "bf16" in variant else "none", **base)
     model.load_state_dict(init)
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
