@@ -525,6 +525,39 @@ def _adopt_round0(run: Path, collection: str, model, trained: tuple[str, ...]) -
     return dataclasses.replace(donor, accumulated=rows, heldout_rows=held.to("cpu"))
 
 
+class _CudaMemory:
+    """The CUDA caching allocator's peak and retries over a span (nothing on other devices).
+
+    A retry means the allocator freed its cached blocks and synchronized the device to satisfy a request, which
+    stalls the host; the SFT time line reports them so that a slow round can be told apart from a slow step.
+    """
+
+    def __init__(self, device) -> None:
+        import torch
+
+        self.on = torch.device(device).type == "cuda"
+        if self.on:
+            try:
+                torch.cuda.reset_peak_memory_stats(device)
+                self.device, self.retries = device, torch.cuda.memory_stats(device).get("num_alloc_retries", 0)
+            except (RuntimeError, AssertionError):  # a diagnostic: never the reason a round fails
+                self.on = False
+
+    def report(self) -> str:
+        """``", peak N GiB allocated (M reserved), K allocator retries"`` since construction, or ``""``."""
+        if not self.on:
+            return ""
+        import torch
+
+        try:
+            stats = torch.cuda.memory_stats(self.device)
+        except (RuntimeError, AssertionError):
+            return ""
+        return (f", peak {stats.get('allocated_bytes.all.peak', 0) / 2**30:.1f} GiB allocated "
+                f"({stats.get('reserved_bytes.all.peak', 0) / 2**30:.1f} reserved), "
+                f"{stats.get('num_alloc_retries', 0) - self.retries} allocator retries")  # fmt: skip
+
+
 def _encode_batch(args) -> int:
     """``--encode-batch``, or its device default (256 on CUDA, 64 elsewhere)."""
     if args.encode_batch is not None:
@@ -755,6 +788,7 @@ def _train_round(args, config, rnd: int, data: Path, ckpt: Path, state: RoundSta
         view_head = None if prev_gate is None else prev_gate.head
         # The snapshot lives in the encoding folder: it belongs to these rows and goes with them.
         resume = None if cache is None else SFTResume(cache.root / "sft.pt", args.sft_snapshot_s, _log)
+        memory = _CudaMemory(args.device)
         with _sft_profiler(args, rnd, steps) as step_hook:
             result = sft.train_sft(model, train_all, heldout, cfg_sft, progress, view_head=view_head, resume=resume,
                                    step_hook=step_hook)  # fmt: skip
@@ -763,7 +797,8 @@ def _train_round(args, config, rnd: int, data: Path, ckpt: Path, state: RoundSta
             timings[f"r{rnd}_sft_{key}"] = clock[key]
         _log(f"round {rnd}: SFT time: {clock['steps']} steps in {clock['steps_s']:.1f}s ({clock['ms_per_step']:.1f} "
              f"ms/step), held-out losses {clock['heldout_eval_s']:.1f}s, snapshots {clock['snapshot_s']:.1f}s, "
-             f"feature refresh {clock['refresh_features_s']:.1f}s, probes {clock['probes_s']:.1f}s")  # fmt: skip
+             f"feature refresh {clock['refresh_features_s']:.1f}s, probes {clock['probes_s']:.1f}s"
+             f"{memory.report()}")  # fmt: skip
         gate = None
         if result["view_head"] is not None:
             try:
