@@ -501,15 +501,19 @@ def _adopt_round0(run: Path, collection: str, model, trained: tuple[str, ...]) -
         why = f"{path} is not there (that run's round 0 has not finished)"
     else:
         # Our own file (written by _save_round_cache in a run folder); it holds dataclasses, so not weights_only.
-        saved = torch.load(path, map_location="cpu", weights_only=False)
-        saved.pop("checkpoint_sha256", None)
-        donor = RoundState(**saved)
-        info = donor.round0_rows or {}
-        if not info:
+        try:
+            saved = torch.load(path, map_location="cpu", weights_only=False)
+            saved.pop("checkpoint_sha256", None)
+            donor = RoundState(**saved)
+        except Exception as e:  # truncated, or from another version of this script: encode here instead
+            why = f"{path} is unreadable ({type(e).__name__}: {e})"
+        info = {} if donor is None else donor.round0_rows or {}
+        if why is None and not info:
             why = f"{path} predates the rows fingerprint"
-        elif info["collection"] != collection:
+        elif why is None and info["collection"] != collection:
             why = f"{path} was encoded from another collection"
-        elif info["refreshed"] != sorted(trained) or info["rows_fingerprint"] != rows_fingerprint(model, trained):
+        elif why is None and (info["refreshed"] != sorted(trained)
+                              or info["rows_fingerprint"] != rows_fingerprint(model, trained)):  # fmt: skip
             why = (f"{path} was encoded by a model whose VAE, latent statistics, action normalization, config or "
                    "untrained encoders differ from this one's, or that trained other encoders")  # fmt: skip
     if why is not None:

@@ -489,3 +489,24 @@ def test_chained_round_takes_over_the_replay_encoding_of_the_round_before(tmp_pa
     out = run("--workdir", tmp_path / "refused", "--init-checkpoint", start, "--sft-steps", "0", "--rounds", "1",
               "--reuse-encoded", gated_one_room)  # fmt: skip
     assert "--reuse-encoded not used:" in out and "another collection" in out and "decoding and encoding" in out
+
+
+def test_reuse_encoded_falls_back_to_encoding_with_the_reason(tmp_path, capsys):
+    import runpy
+
+    import torch
+
+    from verl_omni.models.wnm import WNMConfig, WNMModel
+
+    ns = runpy.run_path(str(REPO / "scripts/train_stage2.py"), run_name="train_stage2")
+    model = WNMModel(WNMConfig.from_size("tiny", num_layers=1))
+    run = tmp_path / "other"
+    (run / "data").mkdir(parents=True)
+    assert ns["_adopt_round0"](run, "abc", model, ("text_encoder",)) is None
+    assert "is not there" in capsys.readouterr().out
+    (run / "data" / "r0.rows.pt").write_bytes(b"cut short")
+    assert ns["_adopt_round0"](run, "abc", model, ("text_encoder",)) is None
+    assert "is unreadable" in capsys.readouterr().out
+    torch.save({"checkpoint_sha256": "x", "steps_total": 1}, run / "data" / "r0.rows.pt")  # written before the field
+    assert ns["_adopt_round0"](run, "abc", model, ("text_encoder",)) is None
+    assert "predates the rows fingerprint" in capsys.readouterr().out
