@@ -106,21 +106,16 @@ def _profile(model, init, rows, held, base: dict, variant: str, args) -> str:
     """Where ``args.profile_steps`` SFT steps of ``variant`` spend device and host time (after 10 steps)."""
     import tempfile
 
-    from torch.profiler import ProfilerActivity, profile, schedule
-
     from verl_omni.models.wnm import sft
-    from verl_omni.utils.trace_summary import chrome_trace_summary
+    from verl_omni.utils.trace_summary import chrome_trace_summary, step_profiler
 
     steps = 10 + 1 + args.profile_steps + 1  # the last step evaluates the held-out rows: outside the window
     cfg = sft.SFTConfig(steps=steps, eval_every=steps, autocast="bfloat16" if "bf16" in variant else "none", **base)
     model.load_state_dict(init)
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
     with tempfile.TemporaryDirectory() as tmp:
         trace = Path(tmp) / "trace.json"
-        with profile(activities=activities, schedule=schedule(wait=10, warmup=1, active=args.profile_steps,
-                                                              repeat=1), record_shapes=True,
-                     on_trace_ready=lambda prof: prof.export_chrome_trace(str(trace))) as prof:  # fmt: skip
-            sft.train_sft(model, rows, held, cfg, progress=False, step_hook=lambda _step: prof.step())
+        with step_profiler(trace, 10, args.profile_steps) as hook:
+            sft.train_sft(model, rows, held, cfg, progress=False, step_hook=hook)
         return chrome_trace_summary(trace, args.profile_steps)
 
 

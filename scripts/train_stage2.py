@@ -572,41 +572,30 @@ def _encode_batch(args) -> int:
 @contextlib.contextmanager
 def _sft_profiler(args, rnd: int, steps: int):
     """Yields the step hook of a ``torch.profiler`` run over ``--profile-sft-steps`` SFT steps of round ``rnd``
-    (None when off); the operator tables go to ``<workdir>/profile/r<rnd>_sft.txt``."""
+    (None when off); the operator tables go to ``<workdir>/profile/r<rnd>_sft.txt``, the trace beside them."""
     if args.profile_sft_steps <= 0 or steps < 2:
         yield None
         return
-    import torch
-    from torch.profiler import ProfilerActivity, profile, schedule
-
-    from verl_omni.utils.trace_summary import chrome_trace_summary
+    from verl_omni.utils.trace_summary import chrome_trace_summary, step_profiler
 
     active = min(args.profile_sft_steps, steps - 1)
     wait = min(20, steps - 1 - active)  # past the first steps' allocations and cuDNN/cuBLAS heuristics
     out = Path(args.workdir) / "profile" / f"r{rnd}_sft.txt"
     out.parent.mkdir(parents=True, exist_ok=True)
-
-    def write(prof) -> None:
-        # The Chrome trace is written by the profiler's C++ side; prof.key_averages() parses every event in Python
-        # and took minutes for 20 steps of this loop on an H100 host, so the tables are summed from the trace.
-        trace = out.with_suffix(".json")
-        prof.export_chrome_trace(str(trace))
-        text = (
-            f"# round {rnd}: {active} SFT steps after {wait} (batch {args.batch_size}, autocast "
-            f"{args.sft_autocast}, device {args.device}); trace: {trace.name}\n\n{chrome_trace_summary(trace, active)}"
-        )
-        out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = out.with_suffix(".tmp")
-        tmp.write_text(text)
-        tmp.replace(out)
-        _log(f"round {rnd}: SFT profile of {active} steps written to {out}")
-
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
-    # Input shapes let the device table name the tensors each expensive kernel worked on.
-    with profile(activities=activities, schedule=schedule(wait=wait, warmup=1 if wait else 0, active=active,
-                                                          repeat=1), on_trace_ready=write,
-                 record_shapes=True) as prof:  # fmt: skip
-        yield lambda _step: prof.step()
+    trace = out.with_suffix(".json")
+    with step_profiler(trace, wait, active) as hook:
+        yield hook
+    if not trace.is_file():  # the round resumed past the window: nothing was profiled
+        return
+    # prof.key_averages() walks every event in Python and took minutes for 20 steps of this loop on an H100 host,
+    # so the tables are summed from the exported trace instead.
+    text = (f"# round {rnd}: {active} SFT steps after {wait} (batch {args.batch_size}, autocast "
+            f"{args.sft_autocast}, device {args.device}); trace: {trace.name}\n\n"
+            f"{chrome_trace_summary(trace, active)}")  # fmt: skip
+    tmp = out.with_suffix(".tmp")
+    tmp.write_text(text)
+    tmp.replace(out)
+    _log(f"round {rnd}: SFT profile of {active} steps written to {out}")
 
 
 def _checkpoint_digest(ckpt: Path) -> str:

@@ -57,3 +57,23 @@ def test_summary_divides_by_steps(tmp_path):
     assert text.rstrip().endswith("     1.50  aten::mm")  # the launching operator's table comes last
     with pytest.raises(ValueError, match="steps"):
         chrome_trace_summary(trace, steps=0)
+
+
+def test_step_profiler_writes_the_window_only_when_it_closes(tmp_path):
+    import torch
+
+    from verl_omni.utils.trace_summary import step_profiler
+
+    trace = tmp_path / "t.json"
+    with step_profiler(trace, wait=2, active=2) as hook:
+        for step in range(1, 6):  # 2 waited, 1 warm-up, 2 profiled
+            torch.ones(4).add_(step)
+            hook(step)
+    names = {e.get("name") for e in json.loads(trace.read_text())["traceEvents"]}
+    assert "aten::add_" in names and "device busy 0.0 ms/step" in chrome_trace_summary(trace, 2)
+    short = tmp_path / "short.json"
+    with step_profiler(short, wait=5, active=2) as hook:
+        hook(1)  # the loop ends before the window
+    assert not short.exists()
+    with pytest.raises(ValueError, match="active"), step_profiler(tmp_path / "x.json", wait=0, active=0):
+        pass

@@ -8,7 +8,9 @@ tables here are summed from the exported trace in one pass instead.
 from __future__ import annotations
 
 import collections
+import contextlib
 import json
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 DEVICE_CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset")
@@ -93,3 +95,29 @@ def chrome_trace_summary(trace: Path, steps: int, rows: int = 25, width: int = 1
         lines += ["", "## device time by the operator that launched it: top-level > innermost [input dims] (ms/step)"]
         lines += [f"{per_step(v):9.2f}  {k[: 2 * width]}" for k, v in launched.most_common(rows)]
     return "\n".join(lines) + "\n"
+
+
+@contextlib.contextmanager
+def step_profiler(trace: Path, wait: int, active: int) -> Iterator[Callable[[int], None]]:
+    """``torch.profiler`` over ``active`` steps of a loop after ``wait`` (+1 warm-up) steps, written to ``trace``.
+
+    Yields the loop's step hook (call it once after every step, e.g. ``train_sft(step_hook=...)``). The trace is
+    exported (CPU and, where there is one, CUDA activity, with input shapes) when the window closes; a loop that
+    stops earlier writes nothing. Summarise it with :func:`chrome_trace_summary`.
+
+    Args:
+        trace: Chrome-trace path to write.
+        wait: Steps before the window (0: no warm-up step either).
+        active: Profiled steps (>= 1).
+    """
+    import torch
+    from torch.profiler import ProfilerActivity, profile, schedule
+
+    if active < 1 or wait < 0:
+        raise ValueError(f"step_profiler: active must be >= 1 and wait >= 0, got {active} and {wait}")
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
+    plan = schedule(wait=wait, warmup=1 if wait else 0, active=active, repeat=1)
+    # Input shapes let the summary name the tensors each expensive kernel worked on.
+    with profile(activities=activities, schedule=plan, record_shapes=True,
+                 on_trace_ready=lambda prof: prof.export_chrome_trace(str(trace))) as prof:  # fmt: skip
+        yield lambda _step: prof.step()
