@@ -114,6 +114,42 @@ def test_encode_calibrates_latents_and_training_reduces_loss(tmp_path):
     assert clock["steps"] == 40 and clock["snapshot_s"] == 0 and clock["heldout_eval_s"] > 0 and clock["probes_s"] > 0
     assert clock["refresh_features_s"] == 0  # no encoder trained, nothing to refresh
     assert clock["ms_per_step"] == pytest.approx(1000 * clock["steps_s"] / 40)
+    # 40 steps are too few to report the first 20 apart (20 steady steps at least): no split
+    assert clock["warmup_steps"] == 0 and clock["steady_ms_per_step"] == clock["ms_per_step"]
+
+
+def test_train_sft_splits_off_the_first_steps_of_a_long_enough_loop(tmp_path):
+    root = _write_collection(tmp_path / "gn0", episodes=1)
+    examples = sft.load_expert_examples(root, 33, (64, 64), progress=False)
+    torch.manual_seed(0)
+    model = WNMModel(WNMConfig.from_size("tiny", num_layers=1), sft.fit_action_normalization(examples))
+    rows = sft.encode_examples(model, examples, progress=False, calibrate=True)
+    cfg = sft.SFTConfig(steps=41, batch_size=2, eval_every=41, eval_rows=2)
+    clock = sft.train_sft(model, rows, rows, cfg, progress=False)["timings"]
+    assert clock["warmup_steps"] == sft.WARMUP_STEPS == 20 and 0 < clock["warmup_s"] < clock["steps_s"]
+    steady_s = clock["steps_s"] - clock["warmup_s"]
+    assert clock["steady_ms_per_step"] == pytest.approx(1000 * steady_s / 21)
+
+
+def test_phase_clock_reports_the_warmup_steps_apart(monkeypatch):
+    now = [0.0]  # a hand-driven clock: the seconds below are exact
+    monkeypatch.setattr(sft.time, "perf_counter", lambda: now[0])
+    clock = sft.PhaseClock(torch.device("cpu"))
+    with clock.phase("loop"):
+        now[0] += 2.0  # the first 20 steps take 2 s of their own ...
+        with clock.phase("heldout_eval"):
+            now[0] += 1.5  # ... plus an evaluation at step 20, which no step is charged with
+        now[0] += 1.0
+        clock.end_warmup(20)  # 3 s for the first 20 steps
+        with clock.phase("snapshot"):
+            now[0] += 0.5
+        now[0] += 8.0  # 80 more steps at 100 ms
+    r = clock.report(100)
+    assert r["steps_s"] == pytest.approx(11.0)  # 13.0 s in the loop less 1.5 s of evaluation and 0.5 s of snapshot
+    assert r["ms_per_step"] == pytest.approx(110.0)
+    assert (r["warmup_steps"], r["warmup_s"]) == (20, pytest.approx(3.0))
+    assert r["steady_ms_per_step"] == pytest.approx(100.0)
+    assert (r["heldout_eval_s"], r["snapshot_s"]) == (pytest.approx(1.5), pytest.approx(0.5))
 
 
 def test_process_pool_loader_keeps_episode_order_and_subsets(tmp_path):

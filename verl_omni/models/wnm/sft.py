@@ -150,6 +150,12 @@ class SFTConfig:
             raise ValueError(f"SFTConfig.newest_rows_from: must be >= 0, got {self.newest_rows_from}")
 
 
+# Steps at the start of an SFT loop whose time :class:`PhaseClock` reports apart: the first steps of a process pay
+# one-time costs per new shape (cuDNN attention plans under bfloat16, cuBLAS heuristics, allocator growth), which
+# would otherwise inflate a short run's mean step time.
+WARMUP_STEPS = 20
+
+
 def draw_rows(
     total_rows: int,
     batch_size: int,
@@ -184,12 +190,16 @@ class PhaseClock:
 
     The device is synchronized at each phase boundary, so that kernels queued in a phase are charged to it. The
     boundaries are the held-out evaluations and the snapshots, which wait for the device anyway (they read losses
-    back), so timing adds no wait to the steps themselves.
+    back), so timing adds no wait to the steps themselves. One more wait, at the end of the first
+    :data:`WARMUP_STEPS` steps of a long enough loop (:meth:`end_warmup`), separates their one-time costs (cuDNN and
+    cuBLAS plan selection for each new shape, the allocator's first growth) from the steady step time.
     """
 
     def __init__(self, device: torch.device) -> None:
         self.device = torch.device(device)
         self.seconds: dict[str, float] = defaultdict(float)
+        self._started: dict[str, float] = {}
+        self._warmup: tuple[int, float] | None = None  # (steps, seconds without their evaluations and snapshots)
 
     def _sync(self) -> None:
         if self.device.type == "cuda":
@@ -199,20 +209,32 @@ class PhaseClock:
     def phase(self, name: str) -> Iterator[None]:
         """Adds the wall time of the ``with`` body (device work included) to ``seconds[name]``."""
         self._sync()
-        t0 = time.perf_counter()
+        t0 = self._started[name] = time.perf_counter()
         try:
             yield
         finally:
             self._sync()
             self.seconds[name] += time.perf_counter() - t0
 
+    def end_warmup(self, steps: int) -> None:
+        """Marks the end of the loop's first ``steps`` steps (call inside the ``"loop"`` phase, once)."""
+        self._sync()
+        elapsed = time.perf_counter() - self._started["loop"]
+        self._warmup = (steps, max(0.0, elapsed - self.seconds["heldout_eval"] - self.seconds["snapshot"]))
+
     def report(self, steps: int) -> dict[str, float]:
-        """``{"steps", "steps_s", "ms_per_step", "heldout_eval_s", "snapshot_s", "refresh_features_s",
-        "probes_s"}``: ``steps_s`` is the loop's time without its held-out evaluations and snapshots; ``probes_s``
-        the held-out loss before and after the loop and the grounding probes."""
+        """``{"steps", "steps_s", "ms_per_step", "warmup_steps", "warmup_s", "steady_ms_per_step",
+        "heldout_eval_s", "snapshot_s", "refresh_features_s", "probes_s"}``: ``steps_s`` is the loop's time
+        without its held-out evaluations and snapshots; ``warmup_s`` the part of it spent in the first
+        ``warmup_steps`` steps (0 and 0 when the loop was too short to split) and ``steady_ms_per_step`` the mean of
+        the steps after them; ``probes_s`` the held-out loss before and after the loop and the grounding probes."""
         sec = self.seconds
         steps_s = max(0.0, sec["loop"] - sec["heldout_eval"] - sec["snapshot"])
+        warm_steps, warm_s = self._warmup if self._warmup is not None and self._warmup[0] < steps else (0, 0.0)
+        steady = steps - warm_steps
         return {"steps": steps, "steps_s": steps_s, "ms_per_step": 1000 * steps_s / steps if steps else 0.0,
+                "warmup_steps": warm_steps, "warmup_s": warm_s,
+                "steady_ms_per_step": 1000 * max(0.0, steps_s - warm_s) / steady if steady else 0.0,
                 "heldout_eval_s": sec["heldout_eval"], "snapshot_s": sec["snapshot"],
                 "refresh_features_s": sec["refresh_features"], "probes_s": sec["probes"]}  # fmt: skip
 
@@ -279,7 +301,9 @@ def _sft_loop(model, train, heldout, cfg, bar, g, opt, params, probes, curve, lo
                 values.clear()
 
     amp = torch.autocast(dev.type, dtype=torch.bfloat16, enabled=cfg.autocast == "bfloat16")
+    first = None  # the loop's first step (later than 1 when resumed from a snapshot)
     for step in bar:
+        first = step if first is None else first
         rows = draw_rows(train.rows, cfg.batch_size, g, cfg.newest_share, cfg.newest_rows_from)
         x0, a0, s, ev, ea = _draw(train, rows, g, move=False)
         pure = None
@@ -326,6 +350,8 @@ def _sft_loop(model, train, heldout, cfg, bar, g, opt, params, probes, curve, lo
             after_step(step, flush)
         if step_hook is not None:
             step_hook(step)
+        if clock is not None and step == first + WARMUP_STEPS - 1 and step < cfg.steps - WARMUP_STEPS:
+            clock.end_warmup(WARMUP_STEPS)
     flush()
 
 
