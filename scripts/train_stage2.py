@@ -570,16 +570,18 @@ def _encode_batch(args) -> int:
 
 
 @contextlib.contextmanager
-def _sft_profiler(args, rnd: int, steps: int):
+def _sft_profiler(args, rnd: int, steps: int, eval_every: int):
     """Yields the step hook of a ``torch.profiler`` run over ``--profile-sft-steps`` SFT steps of round ``rnd``
-    (None when off); the operator tables go to ``<workdir>/profile/r<rnd>_sft.txt``, the trace beside them."""
+    (None when off); the operator tables go to ``<workdir>/profile/r<rnd>_sft.txt``, the trace beside them.
+
+    The window lies between two held-out evaluations where the round is long enough (session 26's window held
+    one, whose float32 kernels were read as the step's); past the first 20 steps' one-time costs."""
     if args.profile_sft_steps <= 0 or steps < 2:
         yield None
         return
-    from verl_omni.utils.trace_summary import chrome_trace_summary, step_profiler
+    from verl_omni.utils.trace_summary import chrome_trace_summary, clean_profile_window, step_profiler
 
-    active = min(args.profile_sft_steps, steps - 1)
-    wait = min(20, steps - 1 - active)  # past the first steps' allocations and cuDNN/cuBLAS heuristics
+    wait, active, clean = clean_profile_window(steps, eval_every, args.profile_sft_steps)
     out = Path(args.workdir) / "profile" / f"r{rnd}_sft.txt"
     out.parent.mkdir(parents=True, exist_ok=True)
     trace = out.with_suffix(".json")
@@ -589,8 +591,10 @@ def _sft_profiler(args, rnd: int, steps: int):
         return
     # prof.key_averages() walks every event in Python and took minutes for 20 steps of this loop on an H100 host,
     # so the tables are summed from the exported trace instead.
-    text = (f"# round {rnd}: {active} SFT steps after {wait} (batch {args.batch_size}, autocast "
-            f"{args.sft_autocast}, device {args.device}); trace: {trace.name}\n\n"
+    first = wait + 2 if wait else 1
+    inside = "" if clean else "; a held-out evaluation falls inside (the round is too short to avoid it)"
+    text = (f"# round {rnd}: {active} SFT steps after {wait} (steps {first}-{first + active - 1}; batch "
+            f"{args.batch_size}, autocast {args.sft_autocast}, device {args.device}{inside}); trace: {trace.name}\n\n"
             f"{chrome_trace_summary(trace, active)}")  # fmt: skip
     tmp = out.with_suffix(".tmp")
     tmp.write_text(text)
@@ -782,7 +786,7 @@ def _train_round(args, config, rnd: int, data: Path, ckpt: Path, state: RoundSta
         # The snapshot lives in the encoding folder: it belongs to these rows and goes with them.
         resume = None if cache is None else SFTResume(cache.root / "sft.pt", args.sft_snapshot_s, _log)
         memory = _CudaMemory(args.device)
-        with _sft_profiler(args, rnd, steps) as step_hook:
+        with _sft_profiler(args, rnd, steps, cfg_sft.eval_every) as step_hook:
             result = sft.train_sft(model, train_all, heldout, cfg_sft, progress, view_head=view_head, resume=resume,
                                    step_hook=step_hook)  # fmt: skip
         clock = result["timings"]

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from verl_omni.utils.trace_summary import chrome_trace_summary, trace_times
+from verl_omni.utils.trace_summary import chrome_trace_summary, clean_profile_window, trace_times
 
 
 def _op(name, ts, dur, tid=1, cat="cpu_op", **args):
@@ -77,3 +77,34 @@ def test_step_profiler_writes_the_window_only_when_it_closes(tmp_path):
     assert not short.exists()
     with pytest.raises(ValueError, match="active"), step_profiler(tmp_path / "x.json", wait=0, active=0):
         pass
+
+
+@pytest.mark.parametrize(
+    ("steps", "eval_every", "active", "expected"),
+    [
+        # session 26's round: 300 steps, evaluations every 30; 10 steps after 20 would be 22-31, holding step 30.
+        # The first clean 10 are 31-40 (wait 29, then one warm-up step).
+        (300, 30, 10, (29, 10, True)),
+        # 100 steps with evaluations every 10: at most 9 steps fit between two; 31-39.
+        (100, 10, 10, (29, 9, True)),
+        # evaluations far apart: the usual 22-31
+        (2000, 200, 10, (20, 10, True)),
+        # too short for a window after 20 (it would reach the last step, 25, which evaluates): 15-24 instead
+        (25, 100, 10, (13, 10, True)),
+        # every step evaluates: no clean window; the old one (the last step, after none)
+        (2, 1, 1, (0, 1, False)),
+    ],
+)
+def test_clean_profile_window_by_hand(steps, eval_every, active, expected):
+    wait, n, clean = clean_profile_window(steps, eval_every, active)
+    assert (wait, n, clean) == expected
+    first = wait + 2 if wait else 1
+    profiled = range(first, first + n)
+    assert profiled[-1] <= steps
+    if clean:  # no evaluation step (a multiple of eval_every, or the last step) among the profiled steps
+        assert all(s % eval_every and s != steps for s in profiled)
+
+
+def test_clean_profile_window_refuses_bad_arguments():
+    with pytest.raises(ValueError, match="steps >= 2"):
+        clean_profile_window(1, 10, 5)

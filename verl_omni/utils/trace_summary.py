@@ -97,6 +97,36 @@ def chrome_trace_summary(trace: Path, steps: int, rows: int = 25, width: int = 1
     return "\n".join(lines) + "\n"
 
 
+def clean_profile_window(steps: int, eval_every: int, active: int, min_wait: int = 20) -> tuple[int, int, bool]:
+    """``(wait, active, clean)`` for :func:`step_profiler` over a loop of ``steps`` steps that evaluates at every
+    multiple of ``eval_every`` and at its last step, so that no evaluation falls inside the profiled steps.
+
+    The profiled steps are ``wait + 2 .. wait + 1 + active`` (1-based; one warm-up step follows a non-zero wait,
+    none follows a zero one). ``active`` is cut to ``eval_every - 1`` (more steps cannot fit between two
+    evaluations); the first clean window after ``wait >= min_wait`` is taken, else the latest one before it.
+    Where none exists (a loop that evaluates every step), the window is as long as asked and ends at the last
+    step after at most ``min_wait`` steps, and ``clean`` is False: its tables then include an evaluation.
+
+    Args:
+        steps: Steps of the loop (>= 2).
+        eval_every: Steps between evaluations (>= 1).
+        active: Steps asked to be profiled (>= 1).
+        min_wait: Steps to let pass first (one-time costs of the first steps).
+    """
+    if steps < 2 or eval_every < 1 or active < 1 or min_wait < 0:
+        raise ValueError(f"clean_profile_window: needs steps >= 2, eval_every >= 1, active >= 1, min_wait >= 0; got "
+                         f"{steps}, {eval_every}, {active}, {min_wait}")  # fmt: skip
+    fit = min(active, eval_every - 1, steps - 1)
+    later, earlier = range(min_wait, steps), range(min(min_wait, steps) - 1, -1, -1)
+    for wait in [*later, *earlier] if fit >= 1 else ():
+        first = wait + 2 if wait else 1
+        last = first + fit - 1
+        if last < steps and all(step % eval_every for step in range(first, last + 1)):
+            return wait, fit, True
+    active = min(active, steps - 1)
+    return min(min_wait, steps - 1 - active), active, False
+
+
 @contextlib.contextmanager
 def step_profiler(trace: Path, wait: int, active: int) -> Iterator[Callable[[int], None]]:
     """``torch.profiler`` over ``active`` steps of a loop after ``wait`` (+1 warm-up) steps, written to ``trace``.
