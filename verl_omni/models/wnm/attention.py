@@ -18,6 +18,22 @@ def _apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.
     return torch.stack([even * c - odd * s, even * s + odd * c], dim=-1).flatten(-2).type_as(x)
 
 
+def _qk_norm(norm: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """``norm(x)`` (the q/k RMS norm of ``x [B, S, D]``), in ``x``'s dtype.
+
+    Why the cast: under autocast the projections hand bfloat16 activations to norms whose weights stay float32,
+    and PyTorch runs its fused RMSNorm kernel only when input and weight share a dtype; otherwise it composes the
+    norm from about six operators forward and more backward (it warns "Cannot dispatch to fused
+    implementation"), for each of the four norms of every block. Casting ``x`` to the weight's dtype keeps the
+    fused kernel; the result is cast back, so what follows sees the dtype it saw before. Outside autocast (or
+    with equal dtypes) this is ``norm(x)`` exactly.
+    """
+    weight = getattr(norm, "weight", None)
+    if weight is None or weight.dtype == x.dtype or not torch.is_autocast_enabled(x.device.type):
+        return norm(x)
+    return norm(x.to(weight.dtype)).to(x.dtype)
+
+
 # Scaled-dot-product attention backends. "default": PyTorch's own choice (flash attention 2 for bf16 on Hopper),
 # which is what diffusers' native dispatch gets. "cudnn": cuDNN's fused attention where it applies (CUDA,
 # bf16/fp16, no mask), faster than flash attention 2 on Hopper; other calls keep the default choice.
@@ -52,8 +68,8 @@ def _self_attention(
     Returns:
         ``(output [B, S, D], (key, value) [B, S, heads, head_dim])``.
     """
-    q = attn.norm_q(attn.to_q(x)).unflatten(2, (attn.heads, -1))
-    k = attn.norm_k(attn.to_k(x)).unflatten(2, (attn.heads, -1))
+    q = _qk_norm(attn.norm_q, attn.to_q(x)).unflatten(2, (attn.heads, -1))
+    k = _qk_norm(attn.norm_k, attn.to_k(x)).unflatten(2, (attn.heads, -1))
     v = attn.to_v(x).unflatten(2, (attn.heads, -1))
     q, k = _apply_rope(q, *rotary_emb), _apply_rope(k, *rotary_emb)
     keys, values = (k, v) if prefix_kv is None else (torch.cat([prefix_kv[0], k], 1), torch.cat([prefix_kv[1], v], 1))
@@ -64,7 +80,7 @@ def _self_attention(
 def _cross_attention(attn, x: torch.Tensor, context: torch.Tensor, mask: torch.Tensor | None, backend: str):
     """Wan cross-attention (``WanAttnProcessor`` without the I2V image branch): ``x [B, S, D]`` over
     ``context [B, L, D]`` with ``mask [B, 1, 1, L]`` or None -> ``[B, S, D]``."""
-    q = attn.norm_q(attn.to_q(x)).unflatten(2, (attn.heads, -1))
-    k = attn.norm_k(attn.to_k(context)).unflatten(2, (attn.heads, -1))
+    q = _qk_norm(attn.norm_q, attn.to_q(x)).unflatten(2, (attn.heads, -1))
+    k = _qk_norm(attn.norm_k, attn.to_k(context)).unflatten(2, (attn.heads, -1))
     v = attn.to_v(context).unflatten(2, (attn.heads, -1))
     return attn.to_out[1](attn.to_out[0](_attention(q, k, v, mask, backend)))
