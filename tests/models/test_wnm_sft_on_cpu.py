@@ -119,11 +119,7 @@ def test_encode_calibrates_latents_and_training_reduces_loss(tmp_path):
 
 
 def test_train_sft_splits_off_the_first_steps_of_a_long_enough_loop(tmp_path):
-    root = _write_collection(tmp_path / "gn0", episodes=1)
-    examples = sft.load_expert_examples(root, 33, (64, 64), progress=False)
-    torch.manual_seed(0)
-    model = WNMModel(WNMConfig.from_size("tiny", num_layers=1), sft.fit_action_normalization(examples))
-    rows = sft.encode_examples(model, examples, progress=False, calibrate=True)
+    model, rows, _ = _fresh(tmp_path)
     cfg = sft.SFTConfig(steps=41, batch_size=2, eval_every=41, eval_rows=2)
     clock = sft.train_sft(model, rows, rows, cfg, progress=False)["timings"]
     assert clock["warmup_steps"] == sft.WARMUP_STEPS == 20 and 0 < clock["warmup_s"] < clock["steps_s"]
