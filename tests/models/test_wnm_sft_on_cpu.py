@@ -520,3 +520,61 @@ def test_newest_share_is_validated():
         sft.SFTConfig(newest_share=1.5)
     with pytest.raises(ValueError, match="newest_rows_from"):
         sft.SFTConfig(newest_rows_from=-1)
+
+
+def test_noise_from_a_separate_generator_leaves_the_row_stream_alone(tmp_path):
+    _, rows, _ = _fresh(tmp_path)
+    picked = torch.tensor([0, 1, 0])
+    g_cpu, g_dev = torch.Generator().manual_seed(5), torch.Generator().manual_seed(5)
+    noise_g = torch.Generator().manual_seed(9)
+    x0, a0, sigma, ev, ea = sft._draw(rows, picked, g_dev, noise_generator=noise_g)
+    # The run's generator draws only the noise levels; the noise is the separate generator's first two draws.
+    want_sigma = torch.rand(3, generator=g_cpu)
+    ref = torch.Generator().manual_seed(9)
+    assert torch.equal(sigma, want_sigma)
+    assert torch.equal(ev, torch.randn(x0.shape, generator=ref)) and torch.equal(
+        ea, torch.randn(a0.shape, generator=ref)
+    )
+    assert torch.equal(torch.rand(4, generator=g_dev), torch.rand(4, generator=g_cpu))  # both streams at the same place
+    # Without it the same call draws the noise from the run's generator, right after the levels (the old stream).
+    g_old = torch.Generator().manual_seed(5)
+    _, _, sigma_old, ev_old, _ = sft._draw(rows, picked, g_old)
+    g_ref = torch.Generator().manual_seed(5)
+    assert torch.equal(sigma_old, torch.rand(3, generator=g_ref))
+    assert torch.equal(ev_old, torch.randn(x0.shape, generator=g_ref))
+
+
+def test_device_noise_generator_is_none_on_the_cpu_and_seeded_elsewhere():
+    assert sft.device_noise_generator("cpu", 3) is None
+    if torch.cuda.is_available():
+        a, b = sft.device_noise_generator("cuda", 3), sft.device_noise_generator("cuda", 3)
+        assert torch.equal(torch.randn(8, generator=a, device="cuda"), torch.randn(8, generator=b, device="cuda"))
+
+
+def test_a_resumed_run_continues_the_device_noise_stream(tmp_path, monkeypatch):
+    """With the noise on its own generator (as on a GPU; a CPU generator stands in for it here), a run cut off after
+    a snapshot still ends where the uninterrupted run ends: the snapshot carries that generator's state too."""
+    monkeypatch.setattr(sft, "device_noise_generator", lambda device, seed: torch.Generator().manual_seed(seed + 77))
+    model, rows, init = _fresh(tmp_path)
+    plain = sft.train_sft(model, rows, rows, RESUME_CFG, progress=False)
+    want = {k: v.clone() for k, v in model.state_dict().items()}
+
+    monkeypatch.undo()  # the CPU default: the noise comes from the run's generator, so the losses differ
+    model.load_state_dict(init)
+    _, rows_cpu, _ = _fresh(tmp_path / "cpu")
+    assert sft.train_sft(model, rows_cpu, rows_cpu, RESUME_CFG, progress=False)["train_losses"] != plain["train_losses"]
+
+    monkeypatch.setattr(sft, "device_noise_generator", lambda device, seed: torch.Generator().manual_seed(seed + 77))
+    path = tmp_path / "snap" / "sft.pt"
+    model.load_state_dict(init)
+    _, rows, _ = _fresh(tmp_path / "again")
+    with pytest.raises(_Killed):
+        sft.train_sft(model, rows, rows, RESUME_CFG, progress=False, resume=_KilledAfterSave(path, at=4))
+    assert torch.load(path, weights_only=False)["noise_generator"] is not None
+    model.load_state_dict(init)
+    for p in model.text_encoder.parameters():
+        p.requires_grad_(False)
+    resumed = sft.train_sft(model, rows, rows, RESUME_CFG, progress=False, resume=SFTResume(path, 0, lambda _m: None))
+    assert resumed["train_losses"] == plain["train_losses"]
+    for k, v in model.state_dict().items():
+        assert torch.equal(v, want[k]), k
