@@ -238,34 +238,18 @@ def to_device(t: torch.Tensor, device) -> torch.Tensor:
 
 
 def draw_noise(
-    data: EncodedRows,
-    rows: torch.Tensor,
-    g: torch.Generator,
-    sigma: torch.Tensor | None = None,
-    move: bool = True,
-    noise_generator: torch.Generator | None = None,
+    data: EncodedRows, rows: torch.Tensor, g: torch.Generator, sigma: torch.Tensor | None = None, move: bool = True
 ):
     """``(x0, a0, sigma, noise_video, noise_action)`` of ``rows``: their target latents and actions, noise levels
-    (``sigma`` or uniform draws from ``g``) and Gaussian noise.
-
-    The noise comes from ``noise_generator`` on that generator's device when one is given, else from ``g`` on the
-    CPU (``move=False`` leaves ``sigma`` and CPU noise there, for the caller to mix and move with
-    :func:`to_device`). Noise from the CPU generator is the same on every device; drawing it there costs the host
-    about 15 ms for a batch of 256 rows, a tenth of a GPU SFT step, so GPU training draws it on the device
-    (``sft.train_sft``), where ``g`` still draws the rows and noise levels. ``g``'s stream does not depend on
-    where the noise comes from.
-    """
+    (``sigma`` or uniform draws) and Gaussian noise, drawn from ``g`` on the CPU (``move=False`` leaves ``sigma``
+    and the noise there, for the caller to mix and move with :func:`to_device`)."""
+    # The CPU generator keeps draws identical on every device; they are moved to the data's device.
     dev = data.target_latents.device
     ex = data.row_example[to_device(rows, dev)]
     x0, a0 = data.target_latents[ex], data.actions[ex]
     if sigma is None:
         sigma = torch.rand(len(rows), generator=g)
-    if noise_generator is None:
-        ev, ea = torch.randn(x0.shape, generator=g), torch.randn(a0.shape, generator=g)
-    else:
-        on = noise_generator.device
-        ev = torch.randn(x0.shape, generator=noise_generator, device=on)
-        ea = torch.randn(a0.shape, generator=noise_generator, device=on)
+    ev, ea = torch.randn(x0.shape, generator=g), torch.randn(a0.shape, generator=g)
     if not move:
         return x0, a0, sigma, ev, ea
     return x0, a0, to_device(sigma, dev), to_device(ev, dev), to_device(ea, dev)

@@ -277,14 +277,12 @@ def _trainable_encoders(model: WNMModel, names: tuple[str, ...]) -> list[torch.n
 
 def _sft_loop(model, train, heldout, cfg, bar, g, opt, params, probes, curve, losses, window, aux_losses,
               after_step: Callable[[int, Callable[[], None]], None] | None = None,
-              clock: PhaseClock | None = None, step_hook: Callable[[int], None] | None = None,
-              noise_g: torch.Generator | None = None) -> None:  # fmt: skip
+              clock: PhaseClock | None = None, step_hook: Callable[[int], None] | None = None) -> None:  # fmt: skip
     """The optimizer steps of :func:`train_sft` (appends to ``curve``, ``losses``, ``window``, ``aux_losses``;
     calls ``after_step(step, flush)`` once a step is complete, ``flush()`` bringing the losses up to date).
 
-    Nothing in a step waits for the device: the rows and noise levels are drawn on the CPU and queued behind the
-    running kernels (:func:`encoded_rows.to_device`), the Gaussian noise comes from ``noise_g`` on the device
-    (from ``g`` on the CPU when None), and the losses stay on the device until an evaluation or ``flush`` reads
+    Nothing in a step waits for the device: the draws are made on the CPU and queued behind the running kernels
+    (:func:`encoded_rows.to_device`), and the losses stay on the device until an evaluation or ``flush`` reads
     them, so the CPU prepares the next step while the GPU runs this one.
     """
     probe, view_probe = probes
@@ -307,7 +305,7 @@ def _sft_loop(model, train, heldout, cfg, bar, g, opt, params, probes, curve, lo
     for step in bar:
         first = step if first is None else first
         rows = draw_rows(train.rows, cfg.batch_size, g, cfg.newest_share, cfg.newest_rows_from)
-        x0, a0, s, ev, ea = _draw(train, rows, g, move=False, noise_generator=noise_g)
+        x0, a0, s, ev, ea = _draw(train, rows, g, move=False)
         pure = None
         if probe is not None and cfg.goal_aux_pure_noise > 0:  # drawn only when on (old random stream when off)
             pure = torch.rand(len(rows), generator=g) < cfg.goal_aux_pure_noise
@@ -320,7 +318,7 @@ def _sft_loop(model, train, heldout, cfg, bar, g, opt, params, probes, curve, lo
                 sa = to_device(torch.where(pure, torch.ones_like(sa), sa), dev)
             else:
                 sa = to_device(sa, dev)
-        s, ev, ea, rows = (to_device(t, dev) for t in (s, ev, ea, rows))  # ev, ea: already there with noise_g
+        s, ev, ea, rows = (to_device(t, dev) for t in (s, ev, ea, rows))
         pure = None if pure is None else to_device(pure, dev)
         with amp:
             hist, feats = trained_features(model, train, rows, cfg.train_encoders)
@@ -409,11 +407,7 @@ def train_sft(
         view_probe = view_probe.to(train.goal_view.device).train()
         params += list(view_probe.parameters())
     g = torch.Generator().manual_seed(cfg.seed)
-    device = train.row_example.device
-    noise_g = device_noise_generator(device, cfg.seed)
-    # The fused kernel updates every parameter in one launch; the default multi-tensor loop costs the host several
-    # ms a step on CUDA, where the SFT step is bound by the host. CPU keeps the default (and its exact results).
-    opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay, fused=device.type == "cuda")
+    opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
     trained = {"transformer": model.transformer, **{f"encoder.{n}": getattr(model, n) for n in cfg.train_encoders}}
     trained.update({k: v for k, v in (("goal_head", probe), ("view_head", view_probe)) if v is not None})
     fingerprint = {"sft": dataclasses.asdict(cfg), "train": [train.examples, train.rows], "heldout": heldout.rows,
@@ -430,8 +424,6 @@ def train_sft(
             module.load_state_dict(snap["modules"][name])
         opt.load_state_dict(snap["optimizer"])
         g.set_state(snap["generator"])
-        if noise_g is not None and snap.get("noise_generator") is not None:
-            noise_g.set_state(snap["noise_generator"])
         initial, curve, losses, window, aux_losses = (snap[k] for k in ("initial", "curve", "losses", "window", "aux"))
         start = snap["step"] + 1
 
@@ -441,9 +433,8 @@ def train_sft(
                 flush()
                 resume.save(fingerprint, {
                     "step": step, "modules": {k: m.state_dict() for k, m in trained.items()},
-                    "optimizer": opt.state_dict(), "generator": g.get_state(),
-                    "noise_generator": None if noise_g is None else noise_g.get_state(), "initial": initial,
-                    "curve": curve, "losses": losses, "window": window, "aux": aux_losses,
+                    "optimizer": opt.state_dict(), "generator": g.get_state(), "initial": initial, "curve": curve,
+                    "losses": losses, "window": window, "aux": aux_losses,
                 })  # fmt: skip
 
     model.train()  # frozen parts stay in eval mode; the built-in encoders have no dropout or batch norm
@@ -456,7 +447,7 @@ def train_sft(
             probes = (probe, view_probe)
             with clock.phase("loop"):
                 _sft_loop(model, train, heldout, cfg, bar, g, opt, params, probes, curve, losses, window, aux_losses,
-                          None if resume is None else after_step, clock, step_hook, noise_g)  # fmt: skip
+                          None if resume is None else after_step, clock, step_hook)  # fmt: skip
     finally:
         for module in encoders:
             freeze(module)
@@ -488,15 +479,6 @@ def train_sft(
         "view_aux_losses": aux_losses["view"],
         "view_head": None if view_probe is None else view_probe.eval(),
     }
-
-
-def device_noise_generator(device: torch.device | str, seed: int) -> torch.Generator | None:
-    """The generator of an SFT run's Gaussian noise on ``device``: None on the CPU (the noise then comes from the
-    run's CPU generator, the same draws as before this option existed); on an accelerator one seeded with
-    ``seed``, so that the noise is drawn where it is used. The run's results then depend on the device kind,
-    as its float arithmetic already does."""
-    device = torch.device(device)
-    return None if device.type == "cpu" else torch.Generator(device).manual_seed(seed)
 
 
 def fit_action_normalization(examples: list[ExpertExample]) -> ActionNormalization:
