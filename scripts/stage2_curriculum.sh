@@ -53,9 +53,10 @@
 # DAGGER_EXECUTE_STEPS (3: steps the DAgger behaviour policy executes per call, as the evaluation replans; 8 drives
 # whole chunks), TWO_ROOMS_EVAL_ROUNDS (the two_rooms rounds to evaluate, e.g. "1"; default all),
 # TWO_ROOMS_EVAL_PLAIN (1; 0 evaluates the two_rooms rounds with their STOP gate only, one closed-loop pass a round
-# less), TWO_ROOMS_FROM, REPLAY_SCENES, CHAINED_ROUNDS and CHAINED_EVAL (above), ROUND0_SFT_AUTOCAST (--sft-autocast of the
-# two round-0 trainings of steps 3-4 only, e.g. bfloat16; default float32), STAGE2_MODEL (the model's --set flags; default the 8-layer x 256
-# model below). Extra flags go to every train_stage2.py call after the recipe's own, so they override it (e.g.
+# less), TWO_ROOMS_FROM, REPLAY_SCENES, CHAINED_ROUNDS and CHAINED_EVAL (above), ROUND0_SFT_AUTOCAST
+# (--sft-autocast of the two round-0 trainings of steps 3-4 only, e.g. bfloat16; default float32), SFT_COMPILE
+# (auto: compiled DiT blocks in every SFT on a GPU; below), STAGE2_MODEL (the model's --set flags; default the
+# 8-layer x 256 model below). Extra flags go to every train_stage2.py call after the recipe's own, so they override it (e.g.
 # --eval-episodes 100, or --dagger-share 0.05 to draw that share of every DAgger-round batch from the round's own
 # rows instead of their share of the aggregate, about 10% here; not yet measured on the GPU). The recipe is the one docs/results.md reports (session 11: one H200, 8-layer x 256 model,
 # goal point `nearest`, batch 128 on one_room and 256 on two_rooms).
@@ -97,6 +98,20 @@ if [ "$CHAINED_ROUNDS" -gt 0 ] && [ -n "${TWO_ROOMS_EVAL_ROUNDS:-}" ] && [ "$TWO
     "only (each chained round is evaluated by its own run); use TWO_ROOMS_EVAL_ROUNDS=0 or leave it unset" >&2
   exit 2
 fi
+# Compiled DiT blocks (train_stage2.py --compile-blocks) for every SFT of the command: on by default on a GPU, where
+# the eager SFT step is bound by launching ~5,000 small operators a step (session 28, one H100, bf16, batch 256,
+# in situ: 52.8 ms a step compiled against 109-112 ms eager, after about 25 s of compiling once per round's
+# process). SFT_COMPILE=1 compiles on any device, 0 trains eagerly.
+SFT_COMPILE=${SFT_COMPILE:-auto}
+case "$SFT_COMPILE" in
+  1) COMPILE=(--compile-blocks) ;;
+  0) COMPILE=() ;;
+  auto) if [[ "$DEVICE" == cuda* ]]; then COMPILE=(--compile-blocks); else COMPILE=(); fi ;;
+  *)
+    echo "SFT_COMPILE=$SFT_COMPILE: expected auto (compiled blocks on a GPU), 1 (always) or 0 (never)" >&2
+    exit 2
+    ;;
+esac
 ROUND0_AUTOCAST=()
 if [ -n "${ROUND0_SFT_AUTOCAST:-}" ]; then ROUND0_AUTOCAST=(--sft-autocast "$ROUND0_SFT_AUTOCAST"); fi
 ONE_EVAL=()
@@ -110,7 +125,7 @@ TASK=(--episodes-per-scene 4 --goal-variants 3 --face-goal-object --goal-point n
 COMMON=("${TASK[@]}" --device "$DEVICE" --lr 5e-4 --eval-scenes 40 --eval-episodes 400 --eval-seed "$EVAL_SEED"
   --probe-states 256 --eval-execute-steps "${EVAL_EXECUTE_STEPS:-3}"
   --dagger-execute-steps "${DAGGER_EXECUTE_STEPS:-3}" --skip-baselines --view-aux-weight 1
-  --independent-action-noise 0.5 --no-progress)
+  --independent-action-noise 0.5 --no-progress "${COMPILE[@]}")
 # shellcheck disable=SC2206  # word splitting of STAGE2_MODEL is intended
 MODEL=(${STAGE2_MODEL:---set num_layers=8 --set num_heads=8 --set ffn_dim=1024 --set text_max_length=64})
 ONE=(--workdir "$RUN/one_room" --level one_room --scenes "$ONE_ROOM_SCENES")

@@ -374,9 +374,12 @@ def test_curriculum_script_runs_one_room_then_two_rooms_from_it(tmp_path):
     assert init["path"] == str(r0)
     prov = json.loads((chained / "stage2_r1" / "checkpoint_manifest.json").read_text())["provenance"]
     assert prov["round"] == 1 and prov["arguments"]["sft_autocast"] == "none"
+    assert prov["arguments"]["compile_blocks"] is False  # SFT_COMPILE=auto compiles on a GPU only
     bad = subprocess.run(cmd2, capture_output=True, text=True, timeout=60, cwd=tmp_path,
                          env={**env, "ONE_ROOM_FROM": str(tmp_path / "nowhere")})  # fmt: skip
     assert bad.returncode == 2 and "ONE_ROOM_FROM" in bad.stderr and "checkpoint_manifest.json" in bad.stderr
+    bad = subprocess.run(cmd2, capture_output=True, text=True, timeout=60, cwd=tmp_path, env={**env, "SFT_COMPILE": "yes"})
+    assert bad.returncode == 2 and "SFT_COMPILE=yes" in bad.stderr
 
 
 def test_call_stopped_while_encoding_keeps_the_parts_it_finished(tmp_path, capsys, gated_one_room):
