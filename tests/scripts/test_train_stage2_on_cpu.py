@@ -378,7 +378,8 @@ def test_curriculum_script_runs_one_room_then_two_rooms_from_it(tmp_path):
     bad = subprocess.run(cmd2, capture_output=True, text=True, timeout=60, cwd=tmp_path,
                          env={**env, "ONE_ROOM_FROM": str(tmp_path / "nowhere")})  # fmt: skip
     assert bad.returncode == 2 and "ONE_ROOM_FROM" in bad.stderr and "checkpoint_manifest.json" in bad.stderr
-    bad = subprocess.run(cmd2, capture_output=True, text=True, timeout=60, cwd=tmp_path, env={**env, "SFT_COMPILE": "yes"})
+    bad = subprocess.run(cmd2, capture_output=True, text=True, timeout=60, cwd=tmp_path,
+                         env={**env, "SFT_COMPILE": "yes"})  # fmt: skip
     assert bad.returncode == 2 and "SFT_COMPILE=yes" in bad.stderr
 
 
