@@ -520,3 +520,27 @@ def test_newest_share_is_validated():
         sft.SFTConfig(newest_share=1.5)
     with pytest.raises(ValueError, match="newest_rows_from"):
         sft.SFTConfig(newest_rows_from=-1)
+
+
+def test_sft_steps_tell_the_transformer_whether_the_context_mask_is_all_true(tmp_path, monkeypatch):
+    """Every training step passes the context's all-True flag from the host, so the transformer never checks the
+    mask on the device; the flag is what the mask holds, for batches with and without padded instructions."""
+    from verl_omni.models.wnm.transformer import WNMTransformer
+
+    model, rows, _ = _fresh(tmp_path)
+    rows.text_mask[:] = True  # every instruction fills the text window, but one: batches that draw that row keep
+    rows.text_mask[0, -1] = False  # the mask, the others drop it
+    seen = []
+    real = WNMTransformer._context_mask
+
+    def spy(context):
+        if torch.is_grad_enabled():  # training steps (held-out losses run without grad and may check themselves)
+            seen.append((context.encoder_mask_all_true, bool(context.encoder_mask.all())))
+        return real(context)
+
+    monkeypatch.setattr(WNMTransformer, "_context_mask", staticmethod(spy))
+    cfg = sft.SFTConfig(steps=8, batch_size=2, eval_every=8, eval_rows=2)
+    sft.train_sft(model, rows, rows, cfg, progress=False)
+    assert len(seen) == 8
+    assert all(flag is not None and flag == actual for flag, actual in seen)
+    assert {actual for _, actual in seen} == {True, False}  # both kinds of batch were drawn

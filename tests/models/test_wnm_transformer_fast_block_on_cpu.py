@@ -73,7 +73,7 @@ def _reference_copy(model: WNMTransformer) -> WNMTransformer:
     ref = copy.deepcopy(model)
     for block in ref.blocks:
         block.block_forward = types.MethodType(_reference_block_forward, block)
-    ref._context_mask = lambda mask: mask  # the previous forward always passed the mask on
+    ref._context_mask = lambda context: context.encoder_mask  # the previous forward always passed the mask on
     return ref
 
 

@@ -358,3 +358,37 @@ def test_activation_memory_budget_sets_pytorchs_partitioner_setting_returns_the_
         assert functorch_config.activation_memory_budget == before
     finally:
         functorch_config.activation_memory_budget = before
+
+
+class _NoAll(torch.Tensor):
+    """A mask whose ``all()`` fails: stands for a device tensor whose check would wait for the device."""
+
+    def all(self, *args, **kwargs):
+        raise AssertionError("the mask was checked on the device although the context says what it holds")
+
+
+def test_a_known_all_true_flag_skips_the_device_check_and_keeps_the_outputs(cfg):
+    torch.manual_seed(0)
+    model = WNMTransformer(cfg).eval()
+    x, a, s, ctx = _inputs(cfg, b=2)
+    partial = torch.ones_like(ctx.encoder_mask)
+    partial[:, -5:] = False
+    with torch.no_grad():
+        for mask in (ctx.encoder_mask, partial):  # all True, then masking the last 5 context tokens
+            unknown = model(x, a, s, WNMContext(ctx.history_latents, ctx.encoder_tokens, mask))
+            flag = bool(mask.all())
+            known = WNMContext(ctx.history_latents, ctx.encoder_tokens, mask.as_subclass(_NoAll),
+                               encoder_mask_all_true=flag)  # fmt: skip
+            for got, want in zip(model(x, a, s, known), unknown, strict=True):
+                assert torch.equal(got, want)
+    # Without the flag the check runs (and here fails), as before.
+    with pytest.raises(AssertionError, match="checked on the device"):
+        model(x, a, s, WNMContext(ctx.history_latents, ctx.encoder_tokens, partial.as_subclass(_NoAll)))
+    # The flag follows the context: kept by to() and with_history_kv(); after select() an all-True mask stays all
+    # True, any other becomes unknown (the chosen rows may be all True).
+    known_true = WNMContext(ctx.history_latents, ctx.encoder_tokens, ctx.encoder_mask, encoder_mask_all_true=True)
+    known_false = WNMContext(ctx.history_latents, ctx.encoder_tokens, partial, encoder_mask_all_true=False)
+    assert known_true.select(torch.tensor([1])).encoder_mask_all_true is True
+    assert known_false.select(torch.tensor([1])).encoder_mask_all_true is None
+    assert known_false.to(dtype=torch.float16).encoder_mask_all_true is False
+    assert known_false.with_history_kv(()).encoder_mask_all_true is False

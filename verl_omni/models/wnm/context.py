@@ -26,12 +26,18 @@ class WNMContext:
         history_kv: Per-block ``(key, value)`` of the history tokens, each ``[B, Nh, heads, head_dim]``, for
             models with ``history_attention == "isolated"`` (see :meth:`WNMTransformer.history_kv`); None =
             computed inside the forward.
+        encoder_mask_all_true: Whether every entry of ``encoder_mask`` is True, when the caller knows it on the
+            host (e.g. SFT, from its CPU-side row draws). None = not known: the transformer then checks on the
+            device, which waits for the device once per forward (an all-True mask is dropped so that flash
+            attention can run). A wrong value changes nothing but the attention kernel when the mask is all True;
+            True with a mask that masks something would ignore it, so set it only from the mask itself.
     """
 
     history_latents: torch.Tensor
     encoder_tokens: torch.Tensor
     encoder_mask: torch.Tensor | None = None
     history_kv: tuple[tuple[torch.Tensor, torch.Tensor], ...] | None = None
+    encoder_mask_all_true: bool | None = None
 
     def __post_init__(self) -> None:
         b = self.history_latents.shape[0]
@@ -65,6 +71,8 @@ class WNMContext:
             encoder_tokens=self.encoder_tokens.index_select(0, index),
             encoder_mask=None if self.encoder_mask is None else self.encoder_mask.index_select(0, index),
             history_kv=kv,
+            # Rows of an all-True mask are all True; rows of another mask may be, so that becomes unknown.
+            encoder_mask_all_true=True if self.encoder_mask_all_true else None,
         )
 
     def to(self, device: torch.device | str | None = None, dtype: torch.dtype | None = None) -> WNMContext:
@@ -77,11 +85,13 @@ class WNMContext:
             encoder_tokens=self.encoder_tokens.to(device=device, dtype=dtype),
             encoder_mask=None if self.encoder_mask is None else self.encoder_mask.to(device=device),
             history_kv=kv,
+            encoder_mask_all_true=self.encoder_mask_all_true,
         )
 
     def with_history_kv(self, history_kv) -> WNMContext:
         """The same context carrying precomputed history keys/values (one entry per block)."""
-        return WNMContext(self.history_latents, self.encoder_tokens, self.encoder_mask, tuple(history_kv))
+        return WNMContext(self.history_latents, self.encoder_tokens, self.encoder_mask, tuple(history_kv),
+                          self.encoder_mask_all_true)  # fmt: skip
 
 
 class _FeatureProjector(nn.Module):

@@ -261,7 +261,13 @@ class WNMModel(nn.Module):
         }
 
     def context_from_features(self, history_latents: torch.Tensor, features: dict) -> WNMContext:
-        """Projects precomputed encoder features with the transformer's (trainable) projectors."""
+        """Projects precomputed encoder features with the transformer's (trainable) projectors.
+
+        ``features["text_mask_all_true"]`` (optional): whether every entry of ``features["text_mask"]`` is True,
+        when the caller knows it on the host; the context's mask is all True exactly then (image and geometry
+        tokens are always attended), so the transformer need not check it on the device
+        (``WNMContext.encoder_mask_all_true``).
+        """
         dtype = self.transformer.patch_embedding.weight.dtype
         tokens, mask = self.transformer.project_context(
             features["text"].to(dtype),
@@ -269,7 +275,8 @@ class WNMModel(nn.Module):
             features["image"].to(dtype),
             None if features["geometry"] is None else features["geometry"].to(dtype),
         )
-        return WNMContext(history_latents=history_latents, encoder_tokens=tokens, encoder_mask=mask)
+        return WNMContext(history_latents=history_latents, encoder_tokens=tokens, encoder_mask=mask,
+                          encoder_mask_all_true=features.get("text_mask_all_true"))  # fmt: skip
 
     @torch.no_grad()
     def encode_context(self, history_frames: torch.Tensor, instructions: list[str]) -> WNMContext:

@@ -301,10 +301,15 @@ def _sft_loop(model, train, heldout, cfg, bar, g, opt, params, probes, curve, lo
                 values.clear()
 
     amp = torch.autocast(dev.type, dtype=torch.bfloat16, enabled=cfg.autocast == "bfloat16")
+    # Which rows' text masks are all True, on the host (one wait for the device here): every step then tells the
+    # transformer whether its context mask can be dropped, instead of the transformer checking on the device,
+    # which would make the host wait for the previous step in every forward.
+    text_full = train.text_mask.all(dim=1).cpu()
     first = None  # the loop's first step (later than 1 when resumed from a snapshot)
     for step in bar:
         first = step if first is None else first
         rows = draw_rows(train.rows, cfg.batch_size, g, cfg.newest_share, cfg.newest_rows_from)
+        text_all_true = bool(text_full[rows].all())
         x0, a0, s, ev, ea = _draw(train, rows, g, move=False)
         pure = None
         if probe is not None and cfg.goal_aux_pure_noise > 0:  # drawn only when on (old random stream when off)
@@ -322,6 +327,7 @@ def _sft_loop(model, train, heldout, cfg, bar, g, opt, params, probes, curve, lo
         pure = None if pure is None else to_device(pure, dev)
         with amp:
             hist, feats = trained_features(model, train, rows, cfg.train_encoders)
+            feats["text_mask_all_true"] = text_all_true
             ctx = model.context_from_features(hist, feats)  # projectors train; frozen encoders' features are fixed
             loss, _ = joint_flow_matching_loss(model.transformer, ctx, x0, a0, s, ev, ea, cfg.action_weight, sa,
                                                as_tensors=True)  # fmt: skip

@@ -169,14 +169,20 @@ class WNMTransformer(nn.Module):
             block.attention_backend = backend
 
     @staticmethod
-    def _context_mask(mask: torch.Tensor | None) -> torch.Tensor | None:
+    def _context_mask(context: WNMContext) -> torch.Tensor | None:
         """The cross-attention mask, or None when it masks nothing.
 
         A bool mask rules out the flash and cuDNN attention kernels (PyTorch then runs the slower
-        memory-efficient kernel); an all-True mask changes no output, so it is dropped (one host sync per
-        forward, not per block).
+        memory-efficient kernel); an all-True mask changes no output, so it is dropped. Unless the context says
+        whether its mask is all True (``WNMContext.encoder_mask_all_true``), that is checked on the device: one
+        host sync per forward, not per block, which keeps the host from preparing the next call meanwhile.
         """
-        return None if mask is None or bool(mask.all()) else mask
+        mask = context.encoder_mask
+        if mask is None:
+            return None
+        known = context.encoder_mask_all_true
+        all_true = bool(mask.all()) if known is None else known
+        return None if all_true else mask
 
     @property
     def gradient_checkpointing(self) -> bool:
@@ -337,7 +343,7 @@ class WNMTransformer(nn.Module):
         cos, sin = self.rotary_embedding(x.device)
         rope = (cos[:, :nh], sin[:, :nh])
         ctx = context.encoder_tokens.to(dtype)
-        mask = self._context_mask(context.encoder_mask)
+        mask = self._context_mask(context)
         kv = []
         for block in self.blocks:
             x, block_kv = block(x, ctx, proj[:, 0], rope, mask, None, None, True)
@@ -355,7 +361,7 @@ class WNMTransformer(nn.Module):
         nh = layout["history"].stop
         rope = (cos[:, nh:], sin[:, nh:])
         ctx = context.encoder_tokens.to(dtype)
-        mask = self._context_mask(context.encoder_mask)
+        mask = self._context_mask(context)
         for block, prefix in zip(self.blocks, history, strict=True):
             x = block(x, ctx, proj[:, 1], rope, mask, None, prefix)
         nt = layout["target"].stop - layout["target"].start
@@ -491,7 +497,7 @@ class WNMTransformer(nn.Module):
         temb, timestep_proj = self._time_embeddings(sigma, dtype, context, action_sigma)
         rope = self.rotary_embedding(x.device)
         ctx = context.encoder_tokens.to(dtype)
-        mask = self._context_mask(context.encoder_mask)
+        mask = self._context_mask(context)
         for block in self.blocks:
             x = block(x, ctx, timestep_proj, rope, mask, groups)
 
