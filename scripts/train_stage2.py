@@ -790,7 +790,8 @@ def _train_round(args, config, rnd: int, data: Path, ckpt: Path, state: RoundSta
             result = sft.train_sft(model, train_all, heldout, cfg_sft, progress, view_head=view_head, resume=resume,
                                    step_hook=step_hook)  # fmt: skip
         clock = result["timings"]
-        for key in ("steps_s", "warmup_s", "heldout_eval_s", "snapshot_s", "refresh_features_s", "probes_s"):
+        for key in ("steps_s", "warmup_s", "heldout_eval_s", "snapshot_s", "refresh_features_s", "probes_s",
+                    "steps", "warmup_steps", "steady_ms_per_step"):
             timings[f"r{rnd}_sft_{key}"] = clock[key]
         steady = (f"; the first {clock['warmup_steps']} in {clock['warmup_s']:.1f}s, then "
                   f"{clock['steady_ms_per_step']:.1f} ms/step" if clock["warmup_steps"] else "")  # fmt: skip
