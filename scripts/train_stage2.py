@@ -669,6 +669,11 @@ def _file_digest(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
+# PhaseClock.report keys a round's summary keeps (as r<k>_sft_<key>; scripts/bench_stage2_round.py reads them).
+_SFT_TIMINGS = ("steps_s", "warmup_s", "heldout_eval_s", "snapshot_s", "refresh_features_s", "probes_s", "steps",
+                "warmup_steps", "steady_ms_per_step")  # fmt: skip
+
+
 def _train_round(args, config, rnd: int, data: Path, ckpt: Path, state: RoundState, train_encoders, progress: bool,
                  timings: dict) -> RoundState:  # fmt: skip
     """Decodes and encodes round ``rnd``'s collection, aggregates it with the earlier rows and trains (SFT).
@@ -790,8 +795,7 @@ def _train_round(args, config, rnd: int, data: Path, ckpt: Path, state: RoundSta
             result = sft.train_sft(model, train_all, heldout, cfg_sft, progress, view_head=view_head, resume=resume,
                                    step_hook=step_hook)  # fmt: skip
         clock = result["timings"]
-        for key in ("steps_s", "warmup_s", "heldout_eval_s", "snapshot_s", "refresh_features_s", "probes_s",
-                    "steps", "warmup_steps", "steady_ms_per_step"):
+        for key in _SFT_TIMINGS:
             timings[f"r{rnd}_sft_{key}"] = clock[key]
         steady = (f"; the first {clock['warmup_steps']} in {clock['warmup_s']:.1f}s, then "
                   f"{clock['steady_ms_per_step']:.1f} ms/step" if clock["warmup_steps"] else "")  # fmt: skip
