@@ -95,8 +95,12 @@ def main(argv: list[str] | None = None) -> int:
 
     source = work / "collection"
     t0 = time.perf_counter()
-    subprocess.run([*train, "--workdir", str(source), *common, "--synthesize-only"], check=True,
-                   stdout=subprocess.DEVNULL)  # fmt: skip
+    syn = subprocess.run([*train, "--workdir", str(source), *common, "--synthesize-only"], capture_output=True,
+                         text=True)  # fmt: skip
+    if syn.returncode != 0:  # e.g. a bad --set: say what train_stage2.py said, not a traceback of this script
+        print(f"[bench] synthesizing the collection failed (train_stage2.py exit {syn.returncode}):\n"
+              f"{syn.stderr[-2000:]}", file=sys.stderr)  # fmt: skip
+        return 2
     print(f"[bench] collection of {args.scenes} scenes in {time.perf_counter() - t0:.0f}s: {source / 'data'}",
           flush=True)  # fmt: skip
 

@@ -1055,7 +1055,8 @@ def main(argv: list[str] | None = None) -> int:
             "",
             format_probe_table(p),
         ]
-    lines += ["", "Timings (s): " + ", ".join(f"{k} {v:.0f}" for k, v in timings.items())]
+    # Seconds only: the step counts and ms/step that the summary also keeps would read as seconds on this line.
+    lines += ["", "Timings (s): " + ", ".join(f"{k} {v:.0f}" for k, v in timings.items() if k.endswith("_s"))]
     (work / "summary.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     return 0

@@ -39,3 +39,11 @@ def test_bad_arguments_are_refused(tmp_path, capsys):
         _main(["--workdir", str(tmp_path / "w"), "--steps", "0"])
     assert "--steps" in capsys.readouterr().err
     assert not (tmp_path / "w").exists()
+
+
+def test_a_collection_that_cannot_be_made_is_reported_without_rounds(tmp_path, capsys):
+    work = tmp_path / "bad"
+    assert _main(["--workdir", str(work), "--device", "cpu", "--workers", "1", "--scenes", "1",
+                  "--set", "no_such_field=1"]) == 2  # fmt: skip
+    assert "no_such_field" in capsys.readouterr().err
+    assert not (work / "eager-bf16").exists() and not (work / "bench_stage2_round.json").exists()
