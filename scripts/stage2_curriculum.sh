@@ -51,7 +51,9 @@
 # EVAL_EXECUTE_STEPS (3: the checkpoints replan every 3 action steps in the closed-loop evaluations, measured
 # against 8, one chunk, in docs/results.md; reports of other values than 8 are labelled <name>_x<steps>),
 # DAGGER_EXECUTE_STEPS (3: steps the DAgger behaviour policy executes per call, as the evaluation replans; 8 drives
-# whole chunks), TWO_ROOMS_EVAL_ROUNDS (the two_rooms rounds to evaluate, e.g. "1"; default all),
+# whole chunks), TWO_ROOMS_EVAL_ROUNDS (the two_rooms rounds to evaluate, e.g. "1", or none; default all; with
+# CHAINED_ROUNDS only 0 or none, and none with CHAINED_EVAL=last leaves the last chained round the only closed-loop
+# pass),
 # TWO_ROOMS_EVAL_PLAIN (1; 0 evaluates the two_rooms rounds with their STOP gate only, one closed-loop pass a round
 # less), TWO_ROOMS_FROM, REPLAY_SCENES, CHAINED_ROUNDS and CHAINED_EVAL (above), ROUND0_SFT_AUTOCAST
 # (--sft-autocast of the two round-0 trainings of steps 3-4 only, e.g. bfloat16; default float32), SFT_COMPILE
@@ -91,11 +93,12 @@ if ! [[ "$CHAINED_ROUNDS" =~ ^[0-9]+$ ]]; then
   echo "CHAINED_ROUNDS=$CHAINED_ROUNDS: expected a whole number of chained DAgger rounds (0 = none)" >&2
   exit 2
 fi
-if [ "$CHAINED_ROUNDS" -gt 0 ] && [ -n "${TWO_ROOMS_EVAL_ROUNDS:-}" ] && [ "$TWO_ROOMS_EVAL_ROUNDS" != 0 ]; then
+if [ "$CHAINED_ROUNDS" -gt 0 ] && [ -n "${TWO_ROOMS_EVAL_ROUNDS:-}" ] && [ "$TWO_ROOMS_EVAL_ROUNDS" != 0 ] \
+  && [ "$TWO_ROOMS_EVAL_ROUNDS" != none ]; then
   # Refused here, not after the one_room round has trained: the two_rooms run then holds round 0 only, and every
   # chained round evaluates itself.
   echo "TWO_ROOMS_EVAL_ROUNDS=$TWO_ROOMS_EVAL_ROUNDS with CHAINED_ROUNDS=$CHAINED_ROUNDS: the two_rooms run has round 0" \
-    "only (each chained round is evaluated by its own run); use TWO_ROOMS_EVAL_ROUNDS=0 or leave it unset" >&2
+    "only (each chained round is evaluated by its own run); use TWO_ROOMS_EVAL_ROUNDS=0, none or leave it unset" >&2
   exit 2
 fi
 # Compiled DiT blocks (train_stage2.py --compile-blocks) for every SFT of the command: on by default on a GPU, where
@@ -117,8 +120,12 @@ if [ -n "${ROUND0_SFT_AUTOCAST:-}" ]; then ROUND0_AUTOCAST=(--sft-autocast "$ROU
 ONE_EVAL=()
 if [ "${ONE_ROOM_EVAL:-1}" = 0 ]; then ONE_EVAL=(--eval-rounds); fi
 TWO_EVAL=()
-# shellcheck disable=SC2206  # word splitting of TWO_ROOMS_EVAL_ROUNDS is intended
-if [ -n "${TWO_ROOMS_EVAL_ROUNDS:-}" ]; then TWO_EVAL=(--eval-rounds $TWO_ROOMS_EVAL_ROUNDS); fi
+if [ "${TWO_ROOMS_EVAL_ROUNDS:-}" = none ]; then
+  TWO_EVAL=(--eval-rounds) # no two_rooms round of that run is evaluated
+elif [ -n "${TWO_ROOMS_EVAL_ROUNDS:-}" ]; then
+  # shellcheck disable=SC2206  # word splitting of TWO_ROOMS_EVAL_ROUNDS is intended
+  TWO_EVAL=(--eval-rounds $TWO_ROOMS_EVAL_ROUNDS)
+fi
 if [ "${TWO_ROOMS_EVAL_PLAIN:-1}" = 0 ]; then TWO_EVAL+=(--no-eval-plain); fi
 
 TASK=(--episodes-per-scene 4 --goal-variants 3 --face-goal-object --goal-point nearest --seed "$SEED")

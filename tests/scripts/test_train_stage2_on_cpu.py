@@ -353,7 +353,7 @@ def test_curriculum_script_runs_one_room_then_two_rooms_from_it(tmp_path):
     cmd2 = ["bash", str(REPO / "scripts/stage2_curriculum.sh"), "cur2", *tiny]
     env2 = {**env, "ONE_ROOM_FROM": str(one_ckpt), "TWO_ROOMS_EVAL_PLAIN": "0", "CHAINED_ROUNDS": "1",
             "ROUND0_SFT_AUTOCAST": "bfloat16", "REPLAY_SCENES": "2", "DAGGER_SCENES": "1",
-            "ROUND_STEPS": "1"}  # fmt: skip
+            "ROUND_STEPS": "1", "TWO_ROOMS_EVAL_ROUNDS": "none"}  # fmt: skip
     proc = subprocess.run(cmd2, capture_output=True, text=True, timeout=900, cwd=tmp_path, env=env2)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     run2 = tmp_path / "cur2"
@@ -369,6 +369,11 @@ def test_curriculum_script_runs_one_room_then_two_rooms_from_it(tmp_path):
     assert init["manifest_sha256"] == hashlib.sha256((one_ckpt / "checkpoint_manifest.json").read_bytes()).hexdigest()
     assert prov["arguments"]["sft_autocast"] == "bfloat16"
     assert not (run2 / "two_rooms" / "ckpt" / "stage2_r1").exists()
+    # TWO_ROOMS_EVAL_ROUNDS=none: the round 0 is not evaluated; the chained round is (CHAINED_EVAL=all).
+    assert json.loads((run2 / "two_rooms" / "summary.json").read_text())["evaluations"] == {}
+    assert not list((run2 / "two_rooms" / "eval").glob("*.json"))
+    chained_summary = json.loads((run2 / "two_rooms_chain_1" / "summary.json").read_text())
+    assert set(chained_summary["evaluations"]) == {"stage2_r1_gate_x3"}
     chained = run2 / "two_rooms_chain_1" / "ckpt"
     init = json.loads((chained / "stage2_r0" / "checkpoint_manifest.json").read_text())["provenance"]["init_checkpoint"]
     assert init["path"] == str(r0)
