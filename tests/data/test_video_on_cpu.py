@@ -57,6 +57,23 @@ def test_decoder_threads_do_not_change_the_frames(tmp_path):
         np.testing.assert_array_equal(read_frames(path, range(24), threads=threads), one)
 
 
+@pytest.mark.parametrize("pix_fmt", ["yuv444p", "yuv420p"])
+def test_frames_equal_pyav_per_frame_conversion(tmp_path, pix_fmt):
+    """read_frames reuses one RGB converter a clip; the bytes are those of PyAV's own per-frame conversion, decoded
+    here independently, in any order and across seeks."""
+    import av
+
+    frames = _frames(40, 64, 64)
+    path = tmp_path / "v.mp4"
+    write_video(path, frames, fps=4, gop=8, pix_fmt=pix_fmt)
+    with av.open(str(path)) as container:
+        reference = np.stack([f.to_ndarray(format="rgb24") for f in container.decode(video=0)])
+    assert reference.shape == (40, 64, 64, 3)
+    np.testing.assert_array_equal(read_frames(path, range(40)), reference)
+    idx = [37, 2, 2, 30, 0, 39]
+    np.testing.assert_array_equal(read_frames(path, idx), reference[idx])
+
+
 def test_errors(tmp_path):
     frames = _frames(5, 16, 16)
     path = tmp_path / "v.mp4"

@@ -28,6 +28,9 @@ DEFAULT_CRF = 10
 DEFAULT_GOP = 16
 # Decoder threads of read_frames when the caller names none; scripts/bench_decode.py changes it to time others.
 DECODE_THREADS = 1
+# read_frames converts a clip's frames to RGB with one reused swscale context; False converts each frame with a
+# context of its own (PyAV's ``to_ndarray(format=...)``, same bytes), which scripts/bench_decode.py times beside it.
+REUSE_RGB_CONVERTER = True
 
 
 class VideoError(ValueError):
@@ -222,6 +225,7 @@ def read_frames(
     if not _have_pyav() and idx.size:
         return _read_frames_cv2(path, idx)
     import av
+    from av.video.reformatter import VideoReformatter
 
     with _open(path) as container:
         stream = container.streams.video[0]
@@ -239,6 +243,9 @@ def read_frames(
         start = stream.start_time or 0
         wanted = np.unique(idx)
         got: dict[int, np.ndarray] = {}
+        # One converter for the whole clip: ``VideoFrame.to_ndarray(format=...)`` builds a new swscale context for
+        # every frame, which cost 4x the decode itself on 64 x 64 clips (``scripts/bench_decode.py``).
+        to_rgb = VideoReformatter() if REUSE_RGB_CONVERTER else None
         pos = -1  # index of the last decoded frame; -1 = nothing decoded yet
         frames_iter = None
         decoded = seeks = 0
@@ -258,7 +265,10 @@ def read_frames(
                         raise VideoError(f"{path}: decoded frame without a timestamp")
                     pos = int(round(float((frame.pts - start) * tb * rate)))
                     if pos == target:
-                        got[target] = frame.to_ndarray(format="rgb24")
+                        if to_rgb is None:
+                            got[target] = frame.to_ndarray(format="rgb24")
+                        else:
+                            got[target] = to_rgb.reformat(frame, format="rgb24").to_ndarray()
                         found = True
                         break
                     if pos > target:
