@@ -42,6 +42,11 @@
 #
 #   ROUND0_SFT_AUTOCAST=bfloat16 CHAINED_ROUNDS=2 bash scripts/stage2_curriculum.sh RUN
 #
+# Session 29 ran this command on one H100 as far as a session's device time went: steps 1-4 took 1,128 s (compiled
+# SFT, 348 s for both rounds 0; loads bound by decoding, 478 s waiting) and gave a two_rooms round 0 at SR 0.180
+# against session 19's 0.237, open-loop the same model. The chained rounds then go on from a carried round 0 with
+# TWO_ROOMS_FROM=CKPT CHAINED_ROUNDS=2 (below; about 900-1,000 s at that run's rates).
+#
 # From a carried one_room checkpoint: with ONE_ROOM_FROM=CKPT (a one_room round 0 of an earlier run), steps 1 and 3
 # are skipped and the two_rooms collection is synthesized on all WORKERS before its rounds start from CKPT.
 #
