@@ -341,7 +341,8 @@ def _readme(name: str, args, rnd: int, provenance: dict, evaluation: dict | None
         "## Training",
         f"- joint flow matching (video + actions), AdamW lr {args.lr}, batch {args.batch_size}, action weight "
         f"{args.action_weight}; steps: {provenance.get('sft_steps_total', '?')} in all; seed {args.seed}; device "
-        f"{args.device}, {'float32' if args.sft_autocast == 'none' else 'autocast ' + args.sft_autocast}.",
+        f"{args.device}, {'float32' if args.sft_autocast == 'none' else 'autocast ' + args.sft_autocast}"
+        f"{', DiT blocks compiled (--compile-blocks)' if getattr(args, 'compile_blocks', False) else ''}.",
         f"- model: that of `{args.init_checkpoint.name}`."
         if args.init_checkpoint is not None
         else f"- model settings over `{args.size}`: {', '.join(args.set) if args.set else 'none'}.",

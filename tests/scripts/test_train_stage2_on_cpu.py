@@ -519,3 +519,17 @@ def test_reuse_encoded_falls_back_to_encoding_with_the_reason(tmp_path, capsys):
     torch.save({"checkpoint_sha256": "x", "steps_total": 1}, run / "data" / "r0.rows.pt")  # written before the field
     assert ns["_adopt_round0"](run, "abc", model, ("text_encoder",)) is None
     assert "predates the rows fingerprint" in capsys.readouterr().out
+
+
+def test_model_card_says_how_the_sft_ran():
+    """The checkpoint README's training line names the precision and, when on, the compiled DiT blocks."""
+    import runpy
+
+    ns = runpy.run_path(str(REPO / "scripts/train_stage2.py"), run_name="train_stage2")
+    parser = ns["build_parser"]()
+    base = ["--workdir", "w", "--level", "two_rooms"]
+    provenance = {"sft_steps_total": 2000}
+    eager = ns["_readme"]("stage2_r0", parser.parse_args([*base, "--sft-autocast", "bfloat16"]), 0, provenance, None)
+    compiled = ns["_readme"]("stage2_r0", parser.parse_args([*base, "--compile-blocks"]), 0, provenance, None)
+    assert "steps: 2000 in all; seed 0; device cpu, autocast bfloat16.\n" in eager and "compiled" not in eager
+    assert "device cpu, float32, DiT blocks compiled (--compile-blocks).\n" in compiled
