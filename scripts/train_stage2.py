@@ -164,6 +164,14 @@ def build_parser() -> argparse.ArgumentParser:
         "scripts/bench_stage2_sft.py for what it saves); default none",
     )
     p.add_argument(
+        "--sft-ema-decay",
+        type=float,
+        default=0.0,
+        metavar="DECAY",
+        help="save the exponential moving average of the SFT weights (this decay, e.g. 0.999; ramped up over the "
+        "first steps) instead of the last iterate (SFTConfig.ema_decay); default 0, off",
+    )
+    p.add_argument(
         "--compile-blocks",
         action="store_true",
         help="torch.compile the DiT blocks for SFT (WNMTransformer.compile_blocks; the first steps pay for compiling)",
@@ -342,7 +350,8 @@ def _readme(name: str, args, rnd: int, provenance: dict, evaluation: dict | None
         f"- joint flow matching (video + actions), AdamW lr {args.lr}, batch {args.batch_size}, action weight "
         f"{args.action_weight}; steps: {provenance.get('sft_steps_total', '?')} in all; seed {args.seed}; device "
         f"{args.device}, {'float32' if args.sft_autocast == 'none' else 'autocast ' + args.sft_autocast}"
-        f"{', DiT blocks compiled (--compile-blocks)' if getattr(args, 'compile_blocks', False) else ''}.",
+        f"{', DiT blocks compiled (--compile-blocks)' if getattr(args, 'compile_blocks', False) else ''}"
+        f"{f'; weights: moving average, decay {args.sft_ema_decay}' if getattr(args, 'sft_ema_decay', 0) else ''}.",
         f"- model: that of `{args.init_checkpoint.name}`."
         if args.init_checkpoint is not None
         else f"- model settings over `{args.size}`: {', '.join(args.set) if args.set else 'none'}.",
@@ -423,6 +432,8 @@ def _check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> No
                      f"{args.eval_rounds}")  # fmt: skip
     if not args.sft_snapshot_s >= 0:
         parser.error(f"--sft-snapshot-s must be >= 0 seconds, got {args.sft_snapshot_s}")
+    if not 0.0 <= args.sft_ema_decay < 1.0:
+        parser.error(f"--sft-ema-decay must be in [0, 1) (0 = off, e.g. 0.999), got {args.sft_ema_decay}")
     if min(args.eval_stop_votes) < 1:
         parser.error(f"--eval-stop-votes must be >= 1, got {args.eval_stop_votes}")
     if args.init_checkpoint is not None:
@@ -782,7 +793,7 @@ def _train_round(args, config, rnd: int, data: Path, ckpt: Path, state: RoundSta
                                 goal_aux_pure_noise=args.goal_aux_pure_noise,
                                 view_aux_weight=args.view_aux_weight, autocast=args.sft_autocast,
                                 newest_share=args.dagger_share if newest_from else None,
-                                newest_rows_from=newest_from)  # fmt: skip
+                                newest_rows_from=newest_from, ema_decay=args.sft_ema_decay)  # fmt: skip
         if args.compile_blocks:
             model.transformer.compile_blocks()
         # A DAgger round continues the previous round's view head (the STOP gate) instead of a fresh one.

@@ -544,3 +544,63 @@ def test_sft_steps_tell_the_transformer_whether_the_context_mask_is_all_true(tmp
     assert len(seen) == 8
     assert all(flag is not None and flag == actual for flag, actual in seen)
     assert {actual for _, actual in seen} == {True, False}  # both kinds of batch were drawn
+
+
+# The moving average of the SFT weights (SFTConfig.ema_decay).
+
+
+def test_ema_decay_ramp_and_update_by_hand():
+    assert sft.ema_decay_at(1, 0.999) == pytest.approx(2 / 11)  # (1 + 1) / (10 + 1) below the decay
+    assert sft.ema_decay_at(8, 0.5) == 0.5  # 9 / 18 = 0.5: the ramp meets the decay
+    assert sft.ema_decay_at(1000, 0.9) == 0.9
+    average = [torch.tensor([1.0, 2.0]), torch.tensor(4.0)]
+    sft.ema_update(average, [torch.tensor([3.0, 0.0]), torch.tensor(0.0)], 0.75)
+    # 0.75 * 1 + 0.25 * 3 = 1.5; 0.75 * 2 + 0.25 * 0 = 1.5; 0.75 * 4 = 3
+    assert average[0].tolist() == [1.5, 1.5] and average[1].item() == 3.0
+    for bad in (1.0, -0.1):
+        with pytest.raises(ValueError, match="ema_decay"):
+            sft.SFTConfig(ema_decay=bad)
+
+
+def _trained_params(model):
+    return [p for p in model.transformer.parameters()] + [p for p in model.text_encoder.parameters()]
+
+
+def test_sft_ends_with_the_moving_average_of_its_iterates(tmp_path):
+    """The weights a run ends with are the average of the weights after each step, computed here in float64."""
+    model, rows, _ = _fresh(tmp_path)
+    cfg = sft.SFTConfig(steps=5, batch_size=4, lr=3e-3, eval_every=5, eval_rows=4, train_encoders=("text_encoder",),
+                        ema_decay=0.9)  # fmt: skip
+    expected = [p.detach().double().clone() for p in _trained_params(model)]
+    last = []
+
+    def after_each_step(step):
+        decay = min(0.9, (1 + step) / (10 + step))
+        last[:] = [p.detach().double().clone() for p in _trained_params(model)]
+        for avg, p in zip(expected, last, strict=True):
+            avg.mul_(decay).add_(p, alpha=1 - decay)
+
+    sft.train_sft(model, rows, rows, cfg, progress=False, step_hook=after_each_step)
+    final = [p.detach().double() for p in _trained_params(model)]
+    for got, want in zip(final, expected, strict=True):
+        torch.testing.assert_close(got, want, rtol=0, atol=1e-6)
+    assert any(not torch.allclose(f, raw) for f, raw in zip(final, last, strict=True))  # not the last iterate
+
+
+def test_a_run_with_a_moving_average_resumes_where_an_uninterrupted_run_ends(tmp_path):
+    cfg = sft.SFTConfig(**{**RESUME_CFG.__dict__, "ema_decay": 0.8})
+    model, rows, init = _fresh(tmp_path)
+    sft.train_sft(model, rows, rows, cfg, progress=False)
+    want = {k: v.clone() for k, v in model.state_dict().items()}
+    path = tmp_path / "snap" / "sft.pt"
+    model.load_state_dict(init)
+    _, rows, _ = _fresh(tmp_path / "again")
+    with pytest.raises(_Killed):
+        sft.train_sft(model, rows, rows, cfg, progress=False, resume=_KilledAfterSave(path, at=4))
+    assert len(torch.load(path, weights_only=False)["average"]) == len(_trained_params(model))
+    model.load_state_dict(init)
+    for p in model.text_encoder.parameters():
+        p.requires_grad_(False)
+    sft.train_sft(model, rows, rows, cfg, progress=False, resume=SFTResume(path, 0, lambda _m: None))
+    for k, v in model.state_dict().items():
+        assert torch.equal(v, want[k]), k

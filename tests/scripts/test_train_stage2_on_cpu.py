@@ -533,3 +533,7 @@ def test_model_card_says_how_the_sft_ran():
     compiled = ns["_readme"]("stage2_r0", parser.parse_args([*base, "--compile-blocks"]), 0, provenance, None)
     assert "steps: 2000 in all; seed 0; device cpu, autocast bfloat16.\n" in eager and "compiled" not in eager
     assert "device cpu, float32, DiT blocks compiled (--compile-blocks).\n" in compiled
+    averaged = ns["_readme"]("stage2_r0", parser.parse_args([*base, "--sft-ema-decay", "0.999"]), 0, provenance, None)
+    assert "device cpu, float32; weights: moving average, decay 0.999.\n" in averaged
+    with pytest.raises(SystemExit):  # refused before anything is written
+        ns["main"]([*base, "--sft-ema-decay", "1"])

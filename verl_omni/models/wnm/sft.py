@@ -104,6 +104,11 @@ class SFTConfig:
             turns in place and short moves; the state-matched probe showed a DAgger round that learnt caution
             from them, and this share sets their weight without dropping them.
         newest_rows_from: First row of the newest round's rows (used with ``newest_share``).
+        ema_decay: Decay of an exponential moving average of the trained weights (0 = off). When on, the weights
+            the run ends with (and saves) are the average, not the last iterate: with a constant learning rate the
+            last iterate carries the noise of its final steps, which open-loop losses average out but a closed
+            loop compounds. The decay ramps up as ``min(ema_decay, (1 + t) / (10 + t))`` at step ``t``
+            (:func:`ema_decay_at`), so that the average forgets the starting weights in short runs.
     """
 
     steps: int = 200
@@ -122,6 +127,7 @@ class SFTConfig:
     autocast: str = "none"
     newest_share: float | None = None
     newest_rows_from: int = 0
+    ema_decay: float = 0.0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "train_encoders", tuple(self.train_encoders))
@@ -148,6 +154,23 @@ class SFTConfig:
             raise ValueError(f"SFTConfig.newest_share: must be in [0, 1] or None, got {self.newest_share}")
         if self.newest_rows_from < 0:
             raise ValueError(f"SFTConfig.newest_rows_from: must be >= 0, got {self.newest_rows_from}")
+        if not 0.0 <= self.ema_decay < 1.0:
+            raise ValueError(f"SFTConfig.ema_decay: must be in [0, 1) (0 = off), got {self.ema_decay}")
+
+
+def ema_decay_at(step: int, decay: float) -> float:
+    """The moving average's decay after optimizer step ``step`` (1-based): ``min(decay, (1 + step) / (10 + step))``.
+
+    The ramp (as in timm's and Diffusion Policy's EMA warm-up) keeps the first steps from pinning the average to
+    the starting weights.
+    """
+    return min(decay, (1.0 + step) / (10.0 + step))
+
+
+@torch.no_grad()
+def ema_update(average: list[torch.Tensor], params: list[torch.Tensor], decay: float) -> None:
+    """``average <- decay * average + (1 - decay) * params``, in place, for every tensor pair."""
+    torch._foreach_lerp_(average, [p.detach() for p in params], 1.0 - decay)
 
 
 # Steps at the start of an SFT loop whose time :class:`PhaseClock` reports apart: the first steps of a process pay
@@ -277,9 +300,11 @@ def _trainable_encoders(model: WNMModel, names: tuple[str, ...]) -> list[torch.n
 
 def _sft_loop(model, train, heldout, cfg, bar, g, opt, params, probes, curve, losses, window, aux_losses,
               after_step: Callable[[int, Callable[[], None]], None] | None = None,
-              clock: PhaseClock | None = None, step_hook: Callable[[int], None] | None = None) -> None:  # fmt: skip
+              clock: PhaseClock | None = None, step_hook: Callable[[int], None] | None = None,
+              average: list[torch.Tensor] | None = None) -> None:  # fmt: skip
     """The optimizer steps of :func:`train_sft` (appends to ``curve``, ``losses``, ``window``, ``aux_losses``;
-    calls ``after_step(step, flush)`` once a step is complete, ``flush()`` bringing the losses up to date).
+    calls ``after_step(step, flush)`` once a step is complete, ``flush()`` bringing the losses up to date;
+    updates ``average``, the moving average of ``params``, after every step when given).
 
     Nothing in a step waits for the device: the draws are made on the CPU and queued behind the running kernels
     (:func:`encoded_rows.to_device`), and the losses stay on the device until an evaluation or ``flush`` reads
@@ -344,6 +369,8 @@ def _sft_loop(model, train, heldout, cfg, bar, g, opt, params, probes, curve, lo
         total.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
+        if average is not None:
+            ema_update(average, params, ema_decay_at(step, cfg.ema_decay))
         pending["loss"].append(loss.detach())
         if step % cfg.eval_every == 0 or step == cfg.steps:
             flush()
@@ -419,6 +446,10 @@ def train_sft(
     fingerprint = {"sft": dataclasses.asdict(cfg), "train": [train.examples, train.rows], "heldout": heldout.rows,
                    "modules": sorted(trained)}  # fmt: skip
     clock = PhaseClock(train.row_example.device)
+    # The moving average of the trained weights (SFTConfig.ema_decay), kept as plain tensors beside ``params``:
+    # torch.optim.swa_utils.AveragedModel would deep-copy whole modules, compiled DiT blocks included, where the
+    # parameters are all that is averaged.
+    average = [p.detach().clone() for p in params] if cfg.ema_decay > 0 else None
     snap = None if resume is None else resume.load(fingerprint)
     if snap is None:
         with clock.phase("probes"):
@@ -430,6 +461,9 @@ def train_sft(
             module.load_state_dict(snap["modules"][name])
         opt.load_state_dict(snap["optimizer"])
         g.set_state(snap["generator"])
+        if average is not None:
+            for mine, saved in zip(average, snap["average"], strict=True):
+                mine.copy_(saved)
         initial, curve, losses, window, aux_losses = (snap[k] for k in ("initial", "curve", "losses", "window", "aux"))
         start = snap["step"] + 1
 
@@ -441,6 +475,7 @@ def train_sft(
                     "step": step, "modules": {k: m.state_dict() for k, m in trained.items()},
                     "optimizer": opt.state_dict(), "generator": g.get_state(), "initial": initial, "curve": curve,
                     "losses": losses, "window": window, "aux": aux_losses,
+                    "average": None if average is None else [t.clone() for t in average],
                 })  # fmt: skip
 
     model.train()  # frozen parts stay in eval mode; the built-in encoders have no dropout or batch norm
@@ -453,7 +488,10 @@ def train_sft(
             probes = (probe, view_probe)
             with clock.phase("loop"):
                 _sft_loop(model, train, heldout, cfg, bar, g, opt, params, probes, curve, losses, window, aux_losses,
-                          None if resume is None else after_step, clock, step_hook)  # fmt: skip
+                          None if resume is None else after_step, clock, step_hook, average)  # fmt: skip
+        if average is not None:  # the run ends with (and its caller saves) the average, not the last iterate
+            with torch.no_grad():
+                torch._foreach_copy_(params, average)
     finally:
         for module in encoders:
             freeze(module)
