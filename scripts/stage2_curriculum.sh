@@ -46,6 +46,8 @@
 # SFT, 348 s for both rounds 0; loads bound by decoding, 478 s waiting) and gave a two_rooms round 0 at SR 0.180
 # against session 19's 0.237, open-loop the same model. The chained rounds then go on from a carried round 0 with
 # TWO_ROOMS_FROM=CKPT CHAINED_ROUNDS=2 (below; about 900-1,000 s at that run's rates).
+# Session 30 ran those chained rounds from that round 0 on one H100 (TWO_ROOMS_EVAL_PLAIN=0): 1,276 s, R1 and R2
+# both at SR 0.263 [0.222, 0.308], +0.083 over the round 0 (docs/results.md, "Session 30").
 #
 # From a carried one_room checkpoint: with ONE_ROOM_FROM=CKPT (a one_room round 0 of an earlier run), steps 1 and 3
 # are skipped and the two_rooms collection is synthesized on all WORKERS before its rounds start from CKPT.
