@@ -444,6 +444,29 @@ def test_a_snapshot_of_other_settings_or_an_unreadable_one_is_not_continued(tmp_
         SFTResume(path, -1)
 
 
+def test_snapshots_written_before_the_moving_average_existed_are_still_continued(tmp_path):
+    # The SFT settings as snapshots stored them before SFTConfig.ema_decay was added (written out by hand): the key
+    # of a run with the average off must be exactly this, so that such a snapshot is continued, not retrained.
+    old_fields = {"steps", "batch_size", "lr", "weight_decay", "action_weight", "eval_every", "eval_rows", "seed",
+                  "train_encoders", "goal_aux_weight", "independent_action_noise", "goal_aux_pure_noise",
+                  "view_aux_weight", "autocast", "newest_share", "newest_rows_from"}  # fmt: skip
+    settings = sft.snapshot_settings(RESUME_CFG)
+    assert set(settings) == old_fields and settings["lr"] == 3e-3 and settings["steps"] == 7
+    assert sft.snapshot_settings(sft.SFTConfig(**{**RESUME_CFG.__dict__, "ema_decay": 0.8}))["ema_decay"] == 0.8
+
+    model, rows, init = _fresh(tmp_path)
+    path = tmp_path / "sft.pt"
+    with pytest.raises(_Killed):
+        sft.train_sft(model, rows, rows, RESUME_CFG, progress=False, resume=_KilledAfterSave(path, at=2))
+    snap = torch.load(path, weights_only=False)
+    old_key = {k: v for k, v in RESUME_CFG.__dict__.items() if k != "ema_decay"}
+    assert snap["fingerprint"]["sft"] == json.loads(json.dumps(old_key))  # what the older code wrote
+    messages = []
+    model.load_state_dict(init)
+    sft.train_sft(model, rows, rows, RESUME_CFG, progress=False, resume=SFTResume(path, 0, messages.append))
+    assert messages == ["sft.pt: resuming SFT after step 2"]
+
+
 def test_bfloat16_autocast_trains_float32_weights_and_changes_the_result(tmp_path):
     model, rows, init = _fresh(tmp_path)
     cfg = sft.SFTConfig(steps=3, batch_size=4, lr=3e-3, eval_every=3, eval_rows=4)

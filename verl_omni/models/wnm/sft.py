@@ -158,6 +158,19 @@ class SFTConfig:
             raise ValueError(f"SFTConfig.ema_decay: must be in [0, 1) (0 = off), got {self.ema_decay}")
 
 
+def snapshot_settings(cfg: SFTConfig) -> dict:
+    """The settings an SFT snapshot is keyed by: every field of ``cfg``, less the ones at a default that came later.
+
+    A snapshot is continued only by a run with the same key. Fields added to :class:`SFTConfig` after snapshots were
+    first written (``ema_decay``) are left out while they are off, so a run cut off before such a field existed is
+    continued by the newer code instead of being trained again from step 0.
+    """
+    settings = dataclasses.asdict(cfg)
+    if settings["ema_decay"] == 0.0:
+        del settings["ema_decay"]
+    return settings
+
+
 def ema_decay_at(step: int, decay: float) -> float:
     """The moving average's decay after optimizer step ``step`` (1-based): ``min(decay, (1 + step) / (10 + step))``.
 
@@ -443,7 +456,7 @@ def train_sft(
     opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
     trained = {"transformer": model.transformer, **{f"encoder.{n}": getattr(model, n) for n in cfg.train_encoders}}
     trained.update({k: v for k, v in (("goal_head", probe), ("view_head", view_probe)) if v is not None})
-    fingerprint = {"sft": dataclasses.asdict(cfg), "train": [train.examples, train.rows], "heldout": heldout.rows,
+    fingerprint = {"sft": snapshot_settings(cfg), "train": [train.examples, train.rows], "heldout": heldout.rows,
                    "modules": sorted(trained)}  # fmt: skip
     clock = PhaseClock(train.row_example.device)
     # The moving average of the trained weights (SFTConfig.ema_decay), kept as plain tensors beside ``params``:
