@@ -7,16 +7,22 @@ the anchor, at the dims of ``scripts/bench_stage3_gpu.py``:
 
 - now: ``block.LOW_PRECISION_NORM`` and ``block.LOW_PRECISION_ADDCMUL`` on (the default);
 - fp32 norms: the LayerNorms on an fp32 copy as diffusers' ``FP32LayerNorm`` does (session 17's block);
-- mul + add: that, and the modulation as a mul into an fp32 temporary then an add (the block before it).
+- mul + add: that, and the modulation as a mul into an fp32 temporary then an add (the block before it);
+- last block over all tokens: the default block, but the last block also computes the history tokens' outputs,
+  which the heads never read (``transformer.SKIP_UNREAD_OUTPUTS = False``, the forward before session 30).
 
-Prints a table of medians with the ratio against the anchor.
+With ``--compiled`` the same process also times our ``compile_blocks()`` with and without the skipped outputs, and
+diffusers after ``compile_repeated_blocks(fullgraph=True)`` as the second anchor.
 
-    python scripts/bench_modulation.py --size wan2.1-1.3b --batches 4,16 [--rounds 5]
+Prints a table of medians with the ratio against the anchors.
+
+    python scripts/bench_modulation.py --size wan2.1-1.3b --batches 4,16 [--rounds 5] [--compiled]
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import sys
 from pathlib import Path
 
@@ -33,54 +39,76 @@ def main(argv=None) -> int:
     p.add_argument("--batches", default="4,16")
     p.add_argument("--text-tokens", type=int, default=512, help="the anchor's text tokens (default 512)")
     p.add_argument("--rounds", type=int, default=5, help="interleaved rounds; each times every model 3 times")
+    p.add_argument("--compiled", action="store_true", help="also time both models compiled (regional compilation)")
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("bench_modulation.py needs a CUDA device")
     from verl_omni.models.wnm import WNMConfig
     from verl_omni.models.wnm import block as wnm_block
+    from verl_omni.models.wnm import transformer as wnm_transformer
 
     device, dtype = torch.device("cuda"), torch.bfloat16
     cfg = WNMConfig.from_size(args.size)
     ours = build_ours(cfg, device, dtype)
     anchor = wan_anchor(cfg, device, dtype, text_dim=cfg.text_dim)
-    print(f"size {cfg.size}, bf16, eager, torch {torch.__version__}, {torch.cuda.get_device_name(device)}")
-    print(f"{'batch':>5}  {'model':<40}{'ms':>9}{'x d.eager':>11}")
+    ours_compiled = anchor_compiled = None
+    if args.compiled:
+        ours_compiled = build_ours(cfg, device, dtype)  # same seed, so the same weights as ``ours``
+        ours_compiled.compile_blocks()
+        anchor_compiled = copy.deepcopy(anchor)
+        anchor_compiled.compile_repeated_blocks(fullgraph=True)
+    print(f"size {cfg.size}, bf16, torch {torch.__version__}, {torch.cuda.get_device_name(device)}")
+    print(f"{'batch':>5}  {'model':<48}{'ms':>9}{'x d.eager':>11}{'x d.comp':>10}")
     for b in (int(v) for v in args.batches.split(",")):
         anchor_args, ours_args = forward_inputs(cfg, b, args.text_tokens, device, dtype)
 
         @torch.no_grad()
-        def run_ours(norm: bool, fused: bool, ours_args=ours_args):
+        def run_ours(norm: bool, fused: bool, skip: bool = True, model=ours, ours_args=ours_args):
             wnm_block.LOW_PRECISION_NORM, wnm_block.LOW_PRECISION_ADDCMUL = norm, fused
+            wnm_transformer.SKIP_UNREAD_OUTPUTS = skip
             try:
-                return ours(*ours_args)
+                return model(*ours_args)
             finally:
                 wnm_block.LOW_PRECISION_NORM, wnm_block.LOW_PRECISION_ADDCMUL = True, True
+                wnm_transformer.SKIP_UNREAD_OUTPUTS = True
 
         @torch.no_grad()
-        def run_anchor(anchor_args=anchor_args):
-            return anchor(*anchor_args, return_dict=False)
+        def run_anchor(model=anchor, anchor_args=anchor_args):
+            return model(*anchor_args, return_dict=False)
 
         with torch.no_grad():  # the forms agree to bf16 rounding (printed, not asserted)
             v_now = run_ours(True, True)[0].float()
             v_norm = run_ours(False, True)[0].float()
             v_old = run_ours(False, False)[0].float()
+            v_all = run_ours(True, True, False)[0].float()
         diffs = {
             "now vs fp32 norms": float((v_now - v_norm).norm() / v_norm.norm()),
             "fp32 norms vs mul + add": float((v_norm - v_old).norm() / v_old.norm()),
+            "now vs last block over all tokens": float((v_now - v_all).norm() / v_all.norm()),
         }
         entries = {
             "WNM eager, bf16 norms + addcmul (now)": lambda f=run_ours: f(True, True),
+            "WNM eager, last block over all tokens": lambda f=run_ours: f(True, True, False),
             "WNM eager, fp32 norms + addcmul": lambda f=run_ours: f(False, True),
             "WNM eager, fp32 norms + mul + add": lambda f=run_ours: f(False, False),
             "diffusers eager": run_anchor,
         }
+        if args.compiled:
+            entries.update({
+                "WNM compiled (now)": lambda f=run_ours: f(True, True, True, ours_compiled),
+                "WNM compiled, last block over all tokens": lambda f=run_ours: f(True, True, False, ours_compiled),
+                "diffusers compiled": lambda f=run_anchor: f(anchor_compiled),
+            })  # fmt: skip
+            for name in ("WNM compiled (now)", "WNM compiled, last block over all tokens", "diffusers compiled"):
+                entries[name]()  # compiles outside the timed rounds
         times: dict[str, list[float]] = {k: [] for k in entries}
         for _ in range(args.rounds):
             for name, fn in entries.items():
                 times[name].append(median_time(fn, device, 1, 3))
         med = {k: sorted(v)[len(v) // 2] for k, v in times.items()}
         for name, sec in med.items():
-            print(f"{b:>5}  {name:<40}{sec * 1e3:9.1f}{med['diffusers eager'] / sec:10.3f}x", flush=True)
+            comp = f"{med['diffusers compiled'] / sec:9.3f}x" if args.compiled else f"{'-':>10}"
+            print(f"{b:>5}  {name:<48}{sec * 1e3:9.1f}{med['diffusers eager'] / sec:10.3f}x{comp}", flush=True)
         for what, d in diffs.items():
             print(f"{b:>5}  (relative difference of the velocities, {what}: {d:.2e})", flush=True)
     return 0

@@ -197,11 +197,28 @@ def block_params(blocks) -> int:
     return sum(p.numel() for p in blocks.parameters())
 
 
-def forward_flops(n_block_params: int, batch: int, seq: int, ctx: int, dim: int, layers: int) -> float:
-    """Model FLOPs of one DiT forward: block matmuls + self- and cross-attention score/value products."""
+def forward_flops(n_block_params: int, batch: int, seq: int, ctx: int, dim: int, layers: int, unread: int = 0) -> float:
+    """Model FLOPs of one DiT forward: block matmuls + self- and cross-attention score/value products.
+
+    ``unread``: tokens whose outputs the last block does not compute (ours: the history tokens, see
+    ``verl_omni.models.wnm.transformer.SKIP_UNREAD_OUTPUTS``). They still give self-attention keys and values,
+    and the cross-attention keys and values come from the context, but they ask no query and skip the output
+    projections and the feed-forward (a block's weights less its 4 x dim^2 key/value projections), so that work is
+    not counted: a fraction of peak must count only the work done.
+    """
     linear = 2.0 * n_block_params * batch * seq
     attn = layers * batch * (4.0 * seq * seq * dim + 4.0 * seq * ctx * dim)
+    if unread:
+        linear -= 2.0 * (n_block_params / layers - 4 * dim * dim) * batch * unread
+        attn -= batch * (4.0 * unread * seq * dim + 4.0 * unread * ctx * dim)
     return linear + attn
+
+
+def unread_tokens(cfg) -> int:
+    """Tokens of our forward whose last-block outputs are skipped (0 when that is switched off)."""
+    from verl_omni.models.wnm import transformer as wnm_transformer
+
+    return cfg.history_tokens if wnm_transformer.SKIP_UNREAD_OUTPUTS else 0
 
 
 # ----------------------------------------------------------------------------------------- models
@@ -287,8 +304,9 @@ def bench_forward(cfg, args, device, dtype, ours: list[tuple[str, object]], ours
         a = torch.randn(b, cfg.action_steps, cfg.action_channels, device=device, dtype=dtype)
         s = torch.rand(b, device=device)
         flops = forward_flops(
-            block_params(ours[0][1].blocks), b, nh + nt + na, cfg.context_tokens, cfg.dim, cfg.num_layers
-        )
+            block_params(ours[0][1].blocks), b, nh + nt + na, cfg.context_tokens, cfg.dim, cfg.num_layers,
+            unread_tokens(cfg),
+        )  # fmt: skip
         for name, model in ours:
 
             def run(model=model, x=x, a=a, s=s, ctx=ctx):
@@ -456,7 +474,7 @@ def bench_group(cfg, args, device, dtype, ours, ours_compiled, ours_isolated, pe
     # DiT rows evaluated: without sharing 16 x K; with it 4 strata x s0 prefix steps + 16 x (K - s0).
     n_block = block_params(ours.blocks)
     seq = cfg.history_tokens + cfg.target_tokens + cfg.action_steps
-    per_row = forward_flops(n_block, 1, seq, cfg.context_tokens, cfg.dim, cfg.num_layers)
+    per_row = forward_flops(n_block, 1, seq, cfg.context_tokens, cfg.dim, cfg.num_layers, unread_tokens(cfg))
     rows = []
     wanted = set(_csv(args.group_variants))
     variants = [("eager, no prefix sharing", ours, False, "eager-unshared"), ("eager", ours, True, "eager")]
@@ -642,7 +660,9 @@ def _train_variant(
     t_first, m_first = timed_once(functools.partial(actor.update_policy, [mini]), device)
     times = [timed_once(functools.partial(actor.update_policy, [mini]), device)[0] for _ in range(2)]
     t = sorted(times)[len(times) // 2]
-    fl = 3 * forward_flops(block_params(model.blocks), n * w, seq, cfg.context_tokens, cfg.dim, cfg.num_layers)
+    fl = 3 * forward_flops(
+        block_params(model.blocks), n * w, seq, cfg.context_tokens, cfg.dim, cfg.num_layers, unread_tokens(cfg)
+    )
     return {
         "seconds": t,
         "first_step_s": t_first,

@@ -48,7 +48,10 @@ def _masked_reference(model, x, a, s, ctx):
     mask[:nh, nh:] = False
     saved = block._self_attention
     try:
-        block._self_attention = lambda attn, h, rope, prefix, backend: (attn(h, None, mask, rope), None)
+        # The last block asks queries of the target and action tokens only (queries_from): the reference attends
+        # over the whole sequence and keeps those rows.
+        block._self_attention = lambda attn, h, rope, prefix, backend, queries_from=0: (
+            attn(h, None, mask, rope)[:, queries_from:], None)  # fmt: skip
         return model(x, a, s, ctx)
     finally:
         block._self_attention = saved

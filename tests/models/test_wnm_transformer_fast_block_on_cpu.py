@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from verl_omni.models.wnm import WNMConfig, WNMContext, WNMTransformer
+from verl_omni.models.wnm import transformer as transformer_module
 from verl_omni.models.wnm.attention import _self_attention
 
 torch.set_num_threads(1)
@@ -44,6 +45,8 @@ def _reference_block_forward(
     group_lengths=None,
     prefix_kv=None,
     return_kv=False,
+    *,
+    outputs_from=0,
 ):
     if temb.ndim == 4:
         mods = (self.scale_shift_table.unsqueeze(0) + temb.float()).unbind(dim=2)
@@ -65,7 +68,7 @@ def _reference_block_forward(
     normed = _ref_modulate(self.norm3(hidden_states.float()), c_scale_msa, c_shift_msa, group_lengths)
     ff_output = self.ffn(normed.type_as(hidden_states))
     hidden_states = _ref_gate(hidden_states.float(), ff_output.float(), c_gate_msa, group_lengths)
-    hidden_states = hidden_states.type_as(encoder_hidden_states)
+    hidden_states = hidden_states.type_as(encoder_hidden_states)[:, outputs_from:]  # all tokens ran; some are kept
     return (hidden_states, kv) if return_kv else hidden_states
 
 
@@ -115,9 +118,11 @@ def test_fp32_inference_is_bit_identical(models, pad):
         assert torch.equal(g, r)
 
 
-def test_fp32_training_forward_and_gradients_are_bit_identical(models):
+@pytest.mark.parametrize("skip_unread", [False, True])
+def test_fp32_training_forward_and_gradients_are_bit_identical(models, monkeypatch, skip_unread):
     model, ref = models
     model, ref = copy.deepcopy(model).train(), copy.deepcopy(ref).train()
+    monkeypatch.setattr(transformer_module, "SKIP_UNREAD_OUTPUTS", skip_unread)
     x, a, s, ctx = _inputs(model.config, pad=3, seed=4)
     outs = []
     for m in (model, ref):
@@ -126,7 +131,51 @@ def test_fp32_training_forward_and_gradients_are_bit_identical(models):
         outs.append((v.detach(), va.detach(), [p.grad.clone() for p in m.blocks.parameters()]))
     assert torch.equal(outs[0][0], outs[1][0]) and torch.equal(outs[0][1], outs[1][1])
     for g, r in zip(outs[0][2], outs[1][2], strict=True):
+        if skip_unread:
+            # The last block's weight gradients then sum over the target and action rows only: the history rows
+            # it no longer runs contributed exact zeros, so only the order of the sums (and their rounding) moves.
+            torch.testing.assert_close(g, r, rtol=1e-5, atol=1e-8)
+        else:
+            assert torch.equal(g, r)
+
+
+def test_the_last_block_runs_only_the_tokens_the_heads_read(models, monkeypatch):
+    model, _ = models
+    layout = model.sequence_layout()
+    nh, seq = layout["history"].stop, model.config.sequence_length
+    seen = []
+    hooks = [blk.ffn.register_forward_hook(lambda mod, inp, out: seen.append(inp[0].shape[1])) for blk in model.blocks]
+    x, a, s, ctx = _inputs(model.config, seed=5, pad=2)
+    try:
+        with torch.no_grad():
+            skipped = model(x, a, s, ctx)
+            monkeypatch.setattr(transformer_module, "SKIP_UNREAD_OUTPUTS", False)
+            everything = model(x, a, s, ctx)
+    finally:
+        for h in hooks:
+            h.remove()
+    # Feed-forward rows per block: all tokens but in the last block, then all tokens everywhere (flag off).
+    n = len(model.blocks)
+    assert seen == [seq] * (n - 1) + [seq - nh] + [seq] * n
+    for g, r in zip(skipped, everything, strict=True):
         assert torch.equal(g, r)
+
+
+def test_outputs_from_must_fall_on_a_modulation_group_boundary(models):
+    model, _ = models
+    block, d = model.blocks[0], model.config.dim
+    h, ctx = torch.randn(1, 10, d), torch.randn(1, 4, d)
+    rope = tuple(r[:, :10] for r in model.rotary_embedding(h.device))
+    temb = torch.randn(1, 2, 6, d)
+    with torch.no_grad():
+        full = block(h, ctx, temb, rope, None, [6, 4])
+        assert torch.equal(block(h, ctx, temb, rope, None, [6, 4], outputs_from=6), full[:, 6:])
+        one = block(h, ctx, temb[:, 0], rope)
+        torch.testing.assert_close(block(h, ctx, temb[:, 0], rope, outputs_from=3), one[:, 3:], rtol=0, atol=1e-6)
+        with pytest.raises(ValueError, match="where a modulation group begins"):
+            block(h, ctx, temb, rope, None, [6, 4], outputs_from=5)
+        with pytest.raises(ValueError, match="outputs_from must be in"):
+            block(h, ctx, temb, rope, None, [6, 4], outputs_from=10)
 
 
 def test_fp32_isolated_history_and_activation_checkpointing_are_bit_identical(models):

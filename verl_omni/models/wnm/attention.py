@@ -58,20 +58,31 @@ def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Te
 
 
 def _self_attention(
-    attn, x: torch.Tensor, rotary_emb: tuple[torch.Tensor, torch.Tensor], prefix_kv, backend: str
+    attn,
+    x: torch.Tensor,
+    rotary_emb: tuple[torch.Tensor, torch.Tensor],
+    prefix_kv,
+    backend: str,
+    queries_from: int = 0,
 ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
     """Wan self-attention whose keys/values are ``prefix_kv`` (if given) followed by ``x``'s own.
 
     The same projections, q/k RMS norms, RoPE and attention call as diffusers' ``WanAttnProcessor``; it also
     returns ``x``'s own (roped) keys and values so that a later call can attend to them.
 
+    Args:
+        queries_from: Only tokens ``queries_from:`` of ``x`` ask queries (every token still gives its key and
+            value), for a block whose first outputs nobody reads (the last block's history tokens).
+
     Returns:
-        ``(output [B, S, D], (key, value) [B, S, heads, head_dim])``.
+        ``(output [B, S - queries_from, D], (key, value) [B, S, heads, head_dim])``.
     """
-    q = _qk_norm(attn.norm_q, attn.to_q(x)).unflatten(2, (attn.heads, -1))
+    xq = x if queries_from == 0 else x[:, queries_from:]
+    q = _qk_norm(attn.norm_q, attn.to_q(xq)).unflatten(2, (attn.heads, -1))
     k = _qk_norm(attn.norm_k, attn.to_k(x)).unflatten(2, (attn.heads, -1))
     v = attn.to_v(x).unflatten(2, (attn.heads, -1))
-    q, k = _apply_rope(q, *rotary_emb), _apply_rope(k, *rotary_emb)
+    q_rope = rotary_emb if queries_from == 0 else tuple(r[:, queries_from:] for r in rotary_emb)
+    q, k = _apply_rope(q, *q_rope), _apply_rope(k, *rotary_emb)
     keys, values = (k, v) if prefix_kv is None else (torch.cat([prefix_kv[0], k], 1), torch.cat([prefix_kv[1], v], 1))
     out = _attention(q, keys, values, None, backend)
     return attn.to_out[1](attn.to_out[0](out)), (k, v)

@@ -137,6 +137,27 @@ def _gate(
     return out
 
 
+def _groups_from(lengths: list[int] | None, start: int, seq_len: int) -> tuple[list[int] | None, int]:
+    """The modulation groups of tokens ``start:`` of a sequence of ``seq_len`` tokens.
+
+    Args:
+        lengths: Group lengths summing to ``seq_len``, or None (one group for all tokens).
+        start: First kept token; with ``lengths`` it must be where a group begins.
+
+    Returns:
+        ``(kept lengths or None, index of the first kept group)``.
+    """
+    if not 0 <= start < seq_len:
+        raise ValueError(f"outputs_from must be in [0, {seq_len}) for a sequence of {seq_len} tokens, got {start}")
+    if lengths is None or start == 0:
+        return lengths, 0
+    boundaries = [sum(lengths[:g]) for g in range(len(lengths))]
+    if start not in boundaries:
+        raise ValueError(f"outputs_from={start} must fall where a modulation group begins ({boundaries})")
+    first = boundaries.index(start)
+    return lengths[first:], first
+
+
 class WNMTransformerBlock(WanTransformerBlock):
     """diffusers' ``WanTransformerBlock`` (same modules and keys) with grouped modulation and a context mask.
 
@@ -174,6 +195,8 @@ class WNMTransformerBlock(WanTransformerBlock):
         group_lengths: list[int] | None = None,
         prefix_kv: tuple[torch.Tensor, torch.Tensor] | None = None,
         return_kv: bool = False,
+        *,
+        outputs_from: int = 0,
     ) -> torch.Tensor | tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
         """Runs the block.
 
@@ -187,9 +210,14 @@ class WNMTransformerBlock(WanTransformerBlock):
             prefix_kv: Keys/values ``[B, P, heads, head_dim]`` that self-attention sees before this sequence's
                 own (the history of an ``isolated`` model); the P prefix tokens are not updated.
             return_kv: Also return this sequence's own self-attention ``(key, value)``.
+            outputs_from: Return only tokens ``outputs_from:`` (0 = all). Every token still gives its key and
+                value to self-attention, but the others ask no query and skip the cross-attention and the
+                feed-forward: the last block's history outputs are never read, and they are about half its tokens.
+                With ``group_lengths`` it must fall on a group boundary.
 
         Returns:
-            ``[B, S, D]``, or ``([B, S, D], (key, value))`` with ``return_kv``.
+            ``[B, S', D]`` with ``S' = S - outputs_from``, or ``([B, S', D], (key, value))`` with ``return_kv``
+            (keys and values of all S tokens).
         """
         if temb.ndim == 4:
             if group_lengths is None or len(group_lengths) != temb.shape[1]:
@@ -201,11 +229,18 @@ class WNMTransformerBlock(WanTransformerBlock):
             group_lengths = None
         shift_msa, scale_msa, gate_msa, c_shift_msa, c_scale_msa, c_gate_msa = mods
         dtype, backend = hidden_states.dtype, self.attention_backend
+        # The tokens whose outputs are returned, and their modulation groups (the leading groups dropped).
+        kept_lengths, first_group = _groups_from(group_lengths, outputs_from, hidden_states.shape[1])
+        gate_msa, c_shift_msa, c_scale_msa, c_gate_msa = (
+            m[:, first_group:] for m in (gate_msa, c_shift_msa, c_scale_msa, c_gate_msa)
+        )
 
-        # 1. Self-attention over the joint sequence.
+        # 1. Self-attention over the joint sequence (queries from the returned tokens only).
         normed = _modulate(_layer_norm(self.norm1, hidden_states), scale_msa, shift_msa, group_lengths, dtype)
-        attn_output, kv = _self_attention(self.attn1, normed, rotary_emb, prefix_kv, backend)
-        hidden_states = _gate(hidden_states, attn_output, gate_msa, group_lengths, dtype)
+        attn_output, kv = _self_attention(self.attn1, normed, rotary_emb, prefix_kv, backend, outputs_from)
+        if outputs_from:
+            hidden_states = hidden_states[:, outputs_from:]
+        hidden_states = _gate(hidden_states, attn_output, gate_msa, kept_lengths, dtype)
 
         # 2. Cross-attention to the context; the mask broadcasts over heads and queries.
         mask = None if encoder_attention_mask is None else encoder_attention_mask[:, None, None, :]
@@ -213,7 +248,7 @@ class WNMTransformerBlock(WanTransformerBlock):
         hidden_states = hidden_states + _cross_attention(self.attn2, normed, encoder_hidden_states, mask, backend)
 
         # 3. Feed-forward.
-        normed = _modulate(_layer_norm(self.norm3, hidden_states), c_scale_msa, c_shift_msa, group_lengths, dtype)
+        normed = _modulate(_layer_norm(self.norm3, hidden_states), c_scale_msa, c_shift_msa, kept_lengths, dtype)
         ff_output = self.ffn(normed)
-        hidden_states = _gate(hidden_states, ff_output, c_gate_msa, group_lengths, encoder_hidden_states.dtype)
+        hidden_states = _gate(hidden_states, ff_output, c_gate_msa, kept_lengths, encoder_hidden_states.dtype)
         return (hidden_states, kv) if return_kv else hidden_states

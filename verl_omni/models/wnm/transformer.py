@@ -49,6 +49,12 @@ __all__ = [
 ]
 
 # Keys (prefixes) of the Wan-compatible video part; everything else in our state dict is WNM-specific.
+# The last block returns only the target and action tokens (WNMTransformerBlock.block_forward's outputs_from): the
+# heads never read the history tokens' outputs, so their queries, cross-attention and feed-forward in that block
+# are skipped (about half of one block's work). False runs the last block over all tokens, as before, so that a
+# benchmark can time both in one process; the outputs are the same either way.
+SKIP_UNREAD_OUTPUTS = True
+
 WAN_VIDEO_PREFIXES = ("patch_embedding.", "condition_embedder.", "blocks.", "proj_out.", "scale_shift_table")
 
 
@@ -498,12 +504,18 @@ class WNMTransformer(nn.Module):
         rope = self.rotary_embedding(x.device)
         ctx = context.encoder_tokens.to(dtype)
         mask = self._context_mask(context)
-        for block in self.blocks:
-            x = block(x, ctx, timestep_proj, rope, mask, groups)
+        last = len(self.blocks) - 1
+        for i, block in enumerate(self.blocks):
+            if i == last and SKIP_UNREAD_OUTPUTS:
+                x = block(x, ctx, timestep_proj, rope, mask, groups, outputs_from=nh)
+            else:
+                x = block(x, ctx, timestep_proj, rope, mask, groups)
+        if not SKIP_UNREAD_OUTPUTS or not len(self.blocks):
+            x = x[:, nh:]  # history outputs are not used: the heads read the target and action tokens
 
-        # History outputs are not used: the heads read the target and action tokens.
         action_temb = None if action_sigma is None else temb[:, 2:3]
-        return self._heads(x[:, layout["target"]], x[:, layout["action"]], temb[:, 1:2], action_temb)
+        nt = layout["target"].stop - nh
+        return self._heads(x[:, :nt], x[:, nt:], temb[:, 1:2], action_temb)
 
     # ----- Wan weights ----------------------------------------------------------------------------------
     @torch.no_grad()

@@ -1,0 +1,62 @@
+"""The FLOP model of scripts/bench_stage3_gpu.py counts the work our forward does when the last block skips the
+history tokens' outputs: checked by hand and against PyTorch's own matmul FLOP counter."""
+
+import runpy
+from pathlib import Path
+
+import pytest
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+from verl_omni.models.wnm import WNMConfig, WNMContext, WNMTransformer
+from verl_omni.models.wnm import transformer as wnm_transformer
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def bench():
+    return runpy.run_path(str(REPO / "scripts/bench_stage3_gpu.py"), run_name="bench_stage3_gpu")
+
+
+def test_forward_flops_by_hand(bench):
+    # One layer, dim 2, 20 block weights, batch 1, 3 tokens, context 5: linear 2*20*3 = 120, attention
+    # 4*3*3*2 + 4*3*5*2 = 72 + 120 = 192.
+    assert bench["forward_flops"](20, 1, 3, 5, 2, 1) == 120 + 192
+    # One unread token: its queries (4*1*3*2 = 24 and 4*1*5*2 = 40) and its 20 - 4*2*2 = 4 weights without the
+    # key/value projections (2*4 = 8) are not done.
+    assert bench["forward_flops"](20, 1, 3, 5, 2, 1, unread=1) == 120 + 192 - 24 - 40 - 8
+
+
+def test_the_skipped_matmul_work_matches_pytorchs_flop_counter(bench, monkeypatch):
+    torch.manual_seed(0)
+    cfg = WNMConfig.from_size("tiny", num_layers=2)
+    model = WNMTransformer(cfg).eval()
+    b = 2
+    ctx = WNMContext(history_latents=torch.randn(b, *cfg.history_latent_shape),
+                     encoder_tokens=torch.randn(b, cfg.context_tokens, cfg.dim), encoder_mask=None)  # fmt: skip
+    inputs = (torch.randn(b, *cfg.target_latent_shape), torch.randn(b, cfg.action_steps, cfg.action_channels),
+              torch.rand(b), ctx)  # fmt: skip
+    counted = {}
+    for skip in (True, False):
+        monkeypatch.setattr(wnm_transformer, "SKIP_UNREAD_OUTPUTS", skip)
+        counter = FlopCounterMode(display=False)
+        with torch.no_grad(), counter:
+            model(*inputs)
+        counted[skip] = counter.get_total_flops()  # matmuls and convolutions (SDPA is not counted on CPU)
+    saved_by_counter = counted[False] - counted[True]
+    assert saved_by_counter > 0
+
+    n_block = sum(p.numel() for p in model.blocks.parameters())
+    seq = cfg.history_tokens + cfg.target_tokens + cfg.action_steps
+    u = cfg.history_tokens
+    args = (n_block, b, seq, cfg.context_tokens, cfg.dim, cfg.num_layers)
+    saved = bench["forward_flops"](*args) - bench["forward_flops"](*args, unread=u)
+    saved_attention = b * (4 * u * seq * cfg.dim + 4 * u * cfg.context_tokens * cfg.dim)
+    # The model counts biases, norm weights and the modulation table as matmul weights: about 2% at these tiny dims
+    # (dim 128), about 0.1% at Wan-1.3B dims.
+    assert saved - saved_attention == pytest.approx(saved_by_counter, rel=0.03)
+    monkeypatch.setattr(wnm_transformer, "SKIP_UNREAD_OUTPUTS", False)
+    assert bench["unread_tokens"](cfg) == 0
+    monkeypatch.setattr(wnm_transformer, "SKIP_UNREAD_OUTPUTS", True)
+    assert bench["unread_tokens"](cfg) == u
