@@ -214,6 +214,15 @@ def forward_flops(n_block_params: int, batch: int, seq: int, ctx: int, dim: int,
     return linear + attn
 
 
+def isolated_forward_flops(n_block_params: int, batch: int, cfg) -> float:
+    """Model FLOPs of one forward of an ``isolated`` model (history keys/values cached per prompt): the target and
+    action tokens run every block and attend over the history's cached keys and their own."""
+    n, nh = cfg.target_tokens + cfg.action_steps, cfg.history_tokens
+    linear = 2.0 * n_block_params * batch * n
+    attn = cfg.num_layers * batch * (4.0 * n * (nh + n) * cfg.dim + 4.0 * n * cfg.context_tokens * cfg.dim)
+    return linear + attn
+
+
 def unread_tokens(cfg) -> int:
     """Tokens of our forward whose last-block outputs are skipped (0 when that is switched off)."""
     from verl_omni.models.wnm import transformer as wnm_transformer
@@ -489,7 +498,8 @@ def bench_group(cfg, args, device, dtype, ours, ours_compiled, ours_isolated, pe
         dit_rows = 16 * k if not share else 4 * s0 + 16 * (k - s0)
         reset_peak(device)
         t = median_time(lambda backend=backend: backend.generate(reqs, ctx), device, 1, max(2, args.iters // 2))
-        fl = per_row * dit_rows
+        # The isolated model's per-step forward is smaller (its history runs once per prompt, not counted here).
+        fl = (isolated_forward_flops(n_block, 1, cfg) if key == "isolated" else per_row) * dit_rows
         rows.append(
             {
                 "variant": name,

@@ -60,3 +60,11 @@ def test_the_skipped_matmul_work_matches_pytorchs_flop_counter(bench, monkeypatc
     assert bench["unread_tokens"](cfg) == 0
     monkeypatch.setattr(wnm_transformer, "SKIP_UNREAD_OUTPUTS", True)
     assert bench["unread_tokens"](cfg) == u
+
+
+def test_isolated_forward_flops_by_hand(bench):
+    class Cfg:  # 2 target + 1 action tokens over 4 cached history tokens, context 5, dim 2, one layer
+        target_tokens, action_steps, history_tokens, context_tokens, dim, num_layers = 2, 1, 4, 5, 2, 1
+
+    # linear 2*20*3 = 120; self-attention 4*3*(4+3)*2 = 168; cross-attention 4*3*5*2 = 120.
+    assert bench["isolated_forward_flops"](20, 1, Cfg) == 120 + 168 + 120
