@@ -48,13 +48,13 @@ __all__ = [
     "is_wan_video_key",
 ]
 
-# Keys (prefixes) of the Wan-compatible video part; everything else in our state dict is WNM-specific.
 # The last block returns only the target and action tokens (WNMTransformerBlock.block_forward's outputs_from): the
 # heads never read the history tokens' outputs, so their queries, cross-attention and feed-forward in that block
 # are skipped (about half of one block's work). False runs the last block over all tokens, as before, so that a
 # benchmark can time both in one process; the outputs are the same either way.
 SKIP_UNREAD_OUTPUTS = True
 
+# Keys (prefixes) of the Wan-compatible video part; everything else in our state dict is WNM-specific.
 WAN_VIDEO_PREFIXES = ("patch_embedding.", "condition_embedder.", "blocks.", "proj_out.", "scale_shift_table")
 
 
