@@ -1,17 +1,15 @@
 #!/usr/bin/env python
-"""The DiT's two attention calls, kernel by kernel: PyTorch's flash (FA2), cuDNN, memory-efficient and FA4.
+"""The DiT's two attention calls, kernel by kernel: PyTorch's flash (FA2), cuDNN and memory-efficient kernels.
 
 Times ``F.scaled_dot_product_attention`` at the shapes one WNM block issues (bf16, ``[B, heads, S, head_dim]``):
 self-attention over the joint sequence (history + target + action tokens) and cross-attention of that sequence
-over the context. Each backend is forced with ``sdpa_kernel``; ``fa4`` is PyTorch's flash entry point routed to
-FlashAttention-4 (``torch.nn.attention.activate_flash_attention_impl("FA4")``, the ``flash-attn-4`` package).
-Forward alone, and forward + backward (the training step's share); TFLOP/s count 4·B·H·S·L·Dh for the forward
-and 2.5× that for the backward. Accuracy: the relative error of each kernel's output and input gradients against
-the fp32 math kernel on the first batch row.
+over the context. Each backend is forced with ``sdpa_kernel``. Forward alone, and forward + backward (the training
+step's share); TFLOP/s count 4·B·H·S·L·Dh for the forward and 2.5× that for the backward. Accuracy: the relative
+error of each kernel's output and input gradients against the fp32 math kernel on the first batch row.
 
 Prints one table; medians of ``--iters`` calls after ``--warmup``.
 
-    python scripts/bench_attention.py [--size wan2.1-1.3b] [--batches 4,16] [--backends flash,cudnn,efficient,fa4]
+    python scripts/bench_attention.py [--size wan2.1-1.3b] [--batches 4,16] [--backends flash,cudnn,efficient]
 """
 
 from __future__ import annotations
@@ -28,33 +26,22 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_common import median_time  # noqa: E402
 
-BACKENDS = ("flash", "cudnn", "efficient", "fa4")
+BACKENDS = ("flash", "cudnn", "efficient")
 
 
 @contextlib.contextmanager
 def forced(backend: str):
-    """Forces SDPA onto ``backend``; for ``fa4`` routes the flash kernel to FlashAttention-4 and back after."""
+    """Forces SDPA onto ``backend``."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     kind = {
         "flash": SDPBackend.FLASH_ATTENTION,
-        "fa4": SDPBackend.FLASH_ATTENTION,
         "cudnn": SDPBackend.CUDNN_ATTENTION,
         "efficient": SDPBackend.EFFICIENT_ATTENTION,
         "math": SDPBackend.MATH,
     }[backend]
-    if backend == "fa4":
-        from verl_omni.models.wnm.attention import activate_fa4
-
-        activate_fa4()
-    try:
-        with sdpa_kernel(kind):
-            yield
-    finally:
-        if backend == "fa4":
-            from torch.nn.attention import restore_flash_attention_impl
-
-            restore_flash_attention_impl()
+    with sdpa_kernel(kind):
+        yield
 
 
 def relative_error(a: torch.Tensor, b: torch.Tensor) -> float:

@@ -12,19 +12,16 @@ the anchor, at the dims of ``scripts/bench_stage3_gpu.py``:
   which the heads never read (``transformer.SKIP_UNREAD_OUTPUTS = False``, the forward before session 30).
 
 With ``--compiled`` the same process also times our ``compile_blocks()`` with and without the skipped outputs, and
-diffusers after ``compile_repeated_blocks(fullgraph=True)`` as the second anchor. With ``--fa4`` it also times both
-models, eager and (with ``--compiled``) compiled, with PyTorch's flash attention routed to FlashAttention-4: the
-routing is process-wide, so those rows switch it on around their own timings only and the anchor gets it too.
+diffusers after ``compile_repeated_blocks(fullgraph=True)`` as the second anchor.
 
 Prints a table of medians with the ratio against the anchors.
 
-    python scripts/bench_modulation.py --size wan2.1-1.3b --batches 4,16 [--rounds 5] [--compiled] [--fa4]
+    python scripts/bench_modulation.py --size wan2.1-1.3b --batches 4,16 [--rounds 5] [--compiled]
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import copy
 import sys
 from pathlib import Path
@@ -36,20 +33,6 @@ from bench_common import median_time, wan_anchor  # noqa: E402
 from bench_stage3_gpu import build_ours, forward_inputs  # noqa: E402
 
 
-@contextlib.contextmanager
-def flash_attention_4():
-    """PyTorch's flash SDPA kernel routed to FlashAttention-4 inside the block, restored after."""
-    from torch.nn.attention import restore_flash_attention_impl
-
-    from verl_omni.models.wnm.attention import activate_fa4
-
-    activate_fa4()
-    try:
-        yield
-    finally:
-        restore_flash_attention_impl()
-
-
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--size", default="wan2.1-1.3b")
@@ -57,7 +40,6 @@ def main(argv=None) -> int:
     p.add_argument("--text-tokens", type=int, default=512, help="the anchor's text tokens (default 512)")
     p.add_argument("--rounds", type=int, default=5, help="interleaved rounds; each times every model 3 times")
     p.add_argument("--compiled", action="store_true", help="also time both models compiled (regional compilation)")
-    p.add_argument("--fa4", action="store_true", help="also time both models on FlashAttention-4 (flash-attn-4)")
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("bench_modulation.py needs a CUDA device")
@@ -119,25 +101,10 @@ def main(argv=None) -> int:
             })  # fmt: skip
             for name in ("WNM compiled (now)", "WNM compiled, last block over all tokens", "diffusers compiled"):
                 entries[name]()  # compiles outside the timed rounds
-        fa4_rows = set()
-        if args.fa4:
-            fa4 = {
-                "WNM eager, FA4": entries["WNM eager, bf16 norms + addcmul (now)"],
-                "diffusers eager, FA4": run_anchor,
-            }
-            if args.compiled:
-                fa4["WNM compiled, FA4"] = entries["WNM compiled (now)"]
-                fa4["diffusers compiled, FA4"] = entries["diffusers compiled"]
-            entries.update(fa4)
-            fa4_rows = set(fa4)
-            with flash_attention_4():
-                v_fa4 = run_ours(True, True)[0].float()
-            diffs["FA4 vs PyTorch's flash attention"] = float((v_fa4 - v_now).norm() / v_now.norm())
         times: dict[str, list[float]] = {k: [] for k in entries}
         for _ in range(args.rounds):
             for name, fn in entries.items():
-                with flash_attention_4() if name in fa4_rows else contextlib.nullcontext():
-                    times[name].append(median_time(fn, device, 1, 3))
+                times[name].append(median_time(fn, device, 1, 3))
         med = {k: sorted(v)[len(v) // 2] for k, v in times.items()}
         for name, sec in med.items():
             comp = f"{med['diffusers compiled'] / sec:9.3f}x" if args.compiled else f"{'-':>10}"

@@ -69,9 +69,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument(
         "--attention",
         default="default",
-        help="our DiT's attention backend(s) in (a): default, cudnn, fa4 or both (both = cudnn and default, and also "
-        "times diffusers with cuDNN); the first one listed runs check, (b) and (c). fa4 routes PyTorch's flash "
-        "attention to FlashAttention-4 for the whole process, so the diffusers anchors run on it too",
+        help="our DiT's attention backend(s) in (a): default, cudnn or both (both also times diffusers with cuDNN); "
+        "the first one listed runs check, (b) and (c)",
     )
     p.add_argument(
         "--group-variants",
@@ -134,8 +133,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     unknown = {v.strip() for v in args.skip.split(",") if v.strip()} - {"a", "check", "ode", "b", "c"}
     if unknown:
         p.error(f"--skip: unknown part(s) {sorted(unknown)}; choose from a, check, ode, b, c")
-    if args.attention not in ("default", "cudnn", "fa4", "both"):
-        p.error(f"--attention must be default, cudnn, fa4 or both, got {args.attention!r}")
+    if args.attention not in ("default", "cudnn", "both"):
+        p.error(f"--attention must be default, cudnn or both, got {args.attention!r}")
     bad = set(_csv(args.group_variants)) - {"eager-unshared", "eager", "compiled", "isolated"}
     bad |= set(_csv(args.train_variants)) - {"eager", "compiled"}
     if bad:
@@ -180,7 +179,7 @@ def ckpt_block_counts(text: str) -> list[int | None]:
 
 def attention_backends(args) -> list[str]:
     """Our DiT's attention backends to measure, the one used by check, (b) and (c) first."""
-    return {"default": ["default"], "cudnn": ["cudnn"], "fa4": ["fa4"], "both": ["cudnn", "default"]}[args.attention]
+    return {"default": ["default"], "cudnn": ["cudnn"], "both": ["cudnn", "default"]}[args.attention]
 
 
 # ----------------------------------------------------------------------------------------- timing helpers

@@ -221,26 +221,6 @@ def test_attention_backend_is_validated_and_set_on_every_block(models):
         m.attention_backend = "flash3"
 
 
-def test_fa4_backend_falls_back_off_cuda_and_names_the_package_when_missing(models, monkeypatch):
-    """``fa4`` applies only to CUDA bf16/fp16 calls: on CPU the block keeps PyTorch's own kernel, bit for bit.
-    Asking for FlashAttention-4 without the package names what to install instead of failing deep in torch."""
-    import importlib.util
-
-    from verl_omni.models.wnm.attention import activate_fa4
-
-    model, _ = models
-    m = copy.deepcopy(model)
-    m.attention_backend = "fa4"
-    assert all(b.attention_backend == "fa4" for b in m.blocks)
-    x, a, s, ctx = _inputs(m.config, seed=3)
-    with torch.no_grad():
-        for g, r in zip(m(x, a, s, ctx), model(x, a, s, ctx), strict=True):
-            assert torch.equal(g, r)
-    if importlib.util.find_spec("flash_attn") is None:
-        with pytest.raises(ImportError, match="pip install 'flash-attn-4'"):
-            activate_fa4()
-
-
 @pytest.mark.parametrize("affine", [False, True])
 def test_bf16_eager_layer_norm_is_diffusers_fp32_layer_norm_rounded_once(affine):
     """The eager bf16 fast path of the block's norms reads bf16 and stores bf16; the reference is diffusers'

@@ -34,37 +34,11 @@ def _qk_norm(norm: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
     return norm(x.to(weight.dtype)).to(x.dtype)
 
 
-# Scaled-dot-product attention backends. "default": PyTorch's own choice (flash attention 2 for bf16 on Hopper),
-# which is what diffusers' native dispatch gets. "cudnn": cuDNN's fused attention where it applies (CUDA,
-# bf16/fp16, no mask), faster than flash attention 2 on Hopper; other calls keep the default choice. "fa4":
-# PyTorch's flash kernel routed to FlashAttention-4 (the `flash-attn-4` package, Hopper and Blackwell) through
-# torch.nn.attention.activate_flash_attention_impl, where it applies (CUDA, bf16/fp16, no mask).
-ATTENTION_BACKENDS = ("default", "cudnn", "fa4")
-
-
-def activate_fa4() -> None:
-    """Routes PyTorch's flash SDPA kernel to FlashAttention-4, for the whole process.
-
-    PyTorch registers the FA4 kernels at the dispatcher (``torch.nn.attention.activate_flash_attention_impl``), so
-    compiled graphs and the backward pass use them too, and so does every other flash SDPA call in the process
-    (a diffusers model timed beside ours included). ``torch.nn.attention.restore_flash_attention_impl()`` undoes it.
-
-    Raises:
-        ImportError: PyTorch has no FA4 registry (older than 2.11) or the ``flash-attn-4`` package is missing.
-    """
-    try:
-        from torch.nn.attention import activate_flash_attention_impl, current_flash_attention_impl
-    except ImportError as e:  # pragma: no cover - depends on the installed torch
-        raise ImportError(f"attention_backend 'fa4' needs torch >= 2.11 (found {torch.__version__})") from e
-    if current_flash_attention_impl() == "FA4":
-        return
-    try:
-        activate_flash_attention_impl("FA4")
-    except ImportError as e:
-        raise ImportError(
-            "attention_backend 'fa4' needs FlashAttention-4: pip install 'flash-attn-4' 'nvidia-cutlass-dsl[cu13]' "
-            f"(the cu13 extra for a CUDA 13 torch); import failed with: {e}"
-        ) from e
+# Scaled-dot-product attention backends. "default": PyTorch's own choice, which is what diffusers' native dispatch
+# gets; with torch 2.11 on an H100 that is already cuDNN's fused kernel for our unmasked bf16 calls (1.7x flash
+# attention 2's forward at the Wan-1.3B shapes; scripts/bench_attention.py). "cudnn": forces cuDNN's kernel where
+# it applies (CUDA, bf16/fp16, no mask), for a torch whose own choice differs; other calls keep the default.
+ATTENTION_BACKENDS = ("default", "cudnn")
 
 
 def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, backend: str):
@@ -74,11 +48,10 @@ def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Te
     moved to dim 1 as strided views, no copies); ``backend`` picks the kernel family (:data:`ATTENTION_BACKENDS`).
     """
     q, k, v = (t.transpose(1, 2) for t in (q, k, v))
-    if backend != "default" and mask is None and q.is_cuda and q.dtype in (torch.bfloat16, torch.float16):
+    if backend == "cudnn" and mask is None and q.is_cuda and q.dtype in (torch.bfloat16, torch.float16):
         from torch.nn.attention import SDPBackend, sdpa_kernel
 
-        kernel = SDPBackend.CUDNN_ATTENTION if backend == "cudnn" else SDPBackend.FLASH_ATTENTION
-        with sdpa_kernel(kernel):
+        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
             out = F.scaled_dot_product_attention(q, k, v, dropout_p=0.0, is_causal=False)
     else:
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=0.0, is_causal=False)

@@ -32,7 +32,7 @@ import torch.nn as nn
 from diffusers.models.normalization import FP32LayerNorm
 from diffusers.models.transformers.transformer_wan import WanTimeTextImageEmbedding
 
-from .attention import ATTENTION_BACKENDS, activate_fa4
+from .attention import ATTENTION_BACKENDS
 from .block import WNMTransformerBlock
 from .config import WNMConfig
 from .context import WNMContext, _FeatureProjector
@@ -164,19 +164,13 @@ class WNMTransformer(nn.Module):
 
     @property
     def attention_backend(self) -> str:
-        """Attention kernel family of every block: ``default``, ``cudnn`` or ``fa4`` (see :data:`ATTENTION_BACKENDS`).
-
-        Setting ``fa4`` activates FlashAttention-4 for the whole process (:func:`activate_fa4`) and raises
-        ImportError when it is not installed.
-        """
+        """Attention kernel family of every block: ``default`` or ``cudnn`` (see :data:`ATTENTION_BACKENDS`)."""
         return self.blocks[0].attention_backend if len(self.blocks) else "default"
 
     @attention_backend.setter
     def attention_backend(self, backend: str) -> None:
         if backend not in ATTENTION_BACKENDS:
             raise ValueError(f"attention_backend must be one of {ATTENTION_BACKENDS}, got {backend!r}")
-        if backend == "fa4" and torch.cuda.is_available():
-            activate_fa4()
         for block in self.blocks:
             block.attention_backend = backend
 
