@@ -12,7 +12,9 @@ the anchor, at the dims of ``scripts/bench_stage3_gpu.py``:
   which the heads never read (``transformer.SKIP_UNREAD_OUTPUTS = False``, the forward before session 30).
 
 With ``--compiled`` the same process also times our ``compile_blocks()`` with and without the skipped outputs, and
-diffusers after ``compile_repeated_blocks(fullgraph=True)`` as the second anchor.
+diffusers after ``compile_repeated_blocks(fullgraph=True)`` as the second anchor. With ``--fp8`` it also times the
+opt-in FP8 rollout copy (``verl_omni.models.wnm.fp8``: the blocks' linear layers in float8 with row-wise scales),
+eager and (with ``--compiled``) compiled, and prints its velocity's distance from the bf16 model's.
 
 Prints a table of medians with the ratio against the anchors.
 
@@ -40,6 +42,7 @@ def main(argv=None) -> int:
     p.add_argument("--text-tokens", type=int, default=512, help="the anchor's text tokens (default 512)")
     p.add_argument("--rounds", type=int, default=5, help="interleaved rounds; each times every model 3 times")
     p.add_argument("--compiled", action="store_true", help="also time both models compiled (regional compilation)")
+    p.add_argument("--fp8", action="store_true", help="also time the FP8 rollout copy of our model (CUDA sm89+)")
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("bench_modulation.py needs a CUDA device")
@@ -57,6 +60,14 @@ def main(argv=None) -> int:
         ours_compiled.compile_blocks()
         anchor_compiled = copy.deepcopy(anchor)
         anchor_compiled.compile_repeated_blocks(fullgraph=True)
+    fp8 = fp8_compiled = None
+    if args.fp8:
+        from verl_omni.models.wnm.fp8 import float8_rollout_copy
+
+        fp8 = float8_rollout_copy(ours)
+        if args.compiled:
+            fp8_compiled = float8_rollout_copy(ours)
+            fp8_compiled.compile_blocks()
     print(f"size {cfg.size}, bf16, torch {torch.__version__}, {torch.cuda.get_device_name(device)}")
     print(f"{'batch':>5}  {'model':<48}{'ms':>9}{'x d.eager':>11}{'x d.comp':>10}")
     for b in (int(v) for v in args.batches.split(",")):
@@ -101,6 +112,14 @@ def main(argv=None) -> int:
             })  # fmt: skip
             for name in ("WNM compiled (now)", "WNM compiled, last block over all tokens", "diffusers compiled"):
                 entries[name]()  # compiles outside the timed rounds
+        if fp8 is not None:
+            entries["WNM eager, FP8 linears"] = lambda f=run_ours: f(True, True, True, fp8)
+            with torch.no_grad():
+                v_fp8 = run_ours(True, True, True, fp8)[0].float()
+            diffs["FP8 linears vs now (bf16)"] = float((v_fp8 - v_now).norm() / v_now.norm())
+            if fp8_compiled is not None:
+                entries["WNM compiled, FP8 linears"] = lambda f=run_ours: f(True, True, True, fp8_compiled)
+                entries["WNM compiled, FP8 linears"]()  # compiles outside the timed rounds
         times: dict[str, list[float]] = {k: [] for k in entries}
         for _ in range(args.rounds):
             for name, fn in entries.items():

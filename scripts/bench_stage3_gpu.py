@@ -75,7 +75,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument(
         "--group-variants",
         default="eager-unshared,eager,compiled,isolated",
-        help="(b) variants to time: eager-unshared, eager, compiled, isolated (those enabled by other flags)",
+        help="(b) variants to time: eager-unshared, eager, compiled, isolated, fp8 (the opt-in FP8 rollout copy, "
+        "compiled with --compile; its log-prob drift from the bf16 model is reported beside the bf16 control)",
     )
     p.add_argument("--train-variants", default="eager,compiled", help="(c): eager, compiled (compiled needs --compile)")
     p.add_argument("--num-steps", type=int, default=10, help="denoising steps K of the group")
@@ -135,7 +136,7 @@ def parse_args(argv=None) -> argparse.Namespace:
         p.error(f"--skip: unknown part(s) {sorted(unknown)}; choose from a, check, ode, b, c")
     if args.attention not in ("default", "cudnn", "both"):
         p.error(f"--attention must be default, cudnn or both, got {args.attention!r}")
-    bad = set(_csv(args.group_variants)) - {"eager-unshared", "eager", "compiled", "isolated"}
+    bad = set(_csv(args.group_variants)) - {"eager-unshared", "eager", "compiled", "isolated", "fp8"}
     bad |= set(_csv(args.train_variants)) - {"eager", "compiled"}
     if bad:
         p.error(f"--group-variants / --train-variants: unknown variant(s) {sorted(bad)}")
@@ -491,6 +492,14 @@ def bench_group(cfg, args, device, dtype, ours, ours_compiled, ours_isolated, pe
         variants.append(("compiled", ours_compiled, True, "compiled"))
     if ours_isolated is not None:
         variants.append(("isolated history", ours_isolated, True, "isolated"))
+    if "fp8" in wanted:
+        from verl_omni.models.wnm.fp8 import float8_rollout_copy
+
+        fp8 = float8_rollout_copy(ours)
+        if args.compile:
+            fp8.compile_blocks()
+        variants.append(("FP8 linears" + (", compiled" if args.compile else ""), fp8, True, "fp8"))
+    reference = ours_compiled if ours_compiled is not None else ours
     for name, model, share, key in variants:
         if key not in wanted:
             continue
@@ -500,19 +509,49 @@ def bench_group(cfg, args, device, dtype, ours, ours_compiled, ours_isolated, pe
         t = median_time(lambda backend=backend: backend.generate(reqs, ctx), device, 1, max(2, args.iters // 2))
         # The isolated model's per-step forward is smaller (its history runs once per prompt, not counted here).
         fl = (isolated_forward_flops(n_block, 1, cfg) if key == "isolated" else per_row) * dit_rows
-        rows.append(
-            {
-                "variant": name,
-                "seconds": t,
-                "rollouts_per_s": 16 / t,
-                "dit_rows": dit_rows,
-                "tflops": fl / t / 1e12,
-                "frac_peak": fl / t / 1e12 / peak,
-                "peak_gib": peak_gib(device),
-            }
-        )
-        print(f"  (b) group {name:<26} {t:7.3f} s  {16 / t:6.2f} rollouts/s  DiT rows {dit_rows}", flush=True)
+        row = {
+            "variant": name,
+            "seconds": t,
+            "rollouts_per_s": 16 / t,
+            "dit_rows": dit_rows,
+            "tflops": fl / t / 1e12,
+            "frac_peak": fl / t / 1e12 / peak,
+            "peak_gib": peak_gib(device),
+        }
+        drift = ""
+        if key in ("fp8", "compiled"):  # the FP8 copy's log-prob drift, with the bf16 rollout as its control
+            row |= logp_drift(backend.generate(reqs, ctx), ctx, reference, backend, dtype)
+            drift = f"  |logp - logp_bf16| max {row['logp_drift_max']:.2e} mean {row['logp_drift_mean']:.2e}"
+        rows.append(row)
+        print(f"  (b) group {name:<26} {t:7.3f} s  {16 / t:6.2f} rollouts/s  DiT rows {dit_rows}{drift}", flush=True)
     return rows, (sampler, reqs, ctx, w)
+
+
+def logp_drift(results, ctx, reference, backend, dtype) -> dict:
+    """How far a rollout's own per-layer log-probs are from the bf16 ``reference`` model's on the same transitions.
+
+    This is the gap ``algorithm.recompute_old_logp`` closes: the old log-probs the trainer would otherwise take from
+    the rollout. Recomputed at the rollout's rows per DiT call, so the bf16 rollout (the control) shows only what
+    differs between its graph and the reference's.
+    """
+    from verl_omni.trainer.diffusion.recompute import recompute_layer_logprobs
+
+    with torch.no_grad():
+        recomputed = recompute_layer_logprobs(
+            reference,
+            backend.layout,
+            results.window_states.to(ctx.history_latents.device),
+            results.window_steps,
+            results.noise_coefs,
+            results.sigmas,
+            ctx,
+            results.context_rows,
+            dtype=dtype,
+            device=ctx.history_latents.device,
+            chunk_size=backend.config.effective_chunk_size,
+        ).cpu()
+    diff = (results.logprobs.float() - recomputed.float()).abs()
+    return {"logp_drift_max": float(diff.max()), "logp_drift_mean": float(diff.mean())}
 
 
 # ----------------------------------------------------------------------------------------- (c) training
@@ -784,12 +823,14 @@ def summary(args, cfg, env, peak, fwd, check, group, train) -> str:
             "",
             f"(b) one counterfactual group: 16 rollouts, K={args.num_steps}, window {args.window_size} steps from "
             f"step {args.window_start}",
-            f"  {'variant':<26}{'s':>8}{'rollouts/s':>12}{'DiT rows':>10}{'TFLOP/s':>9}{'of peak':>9}{'peak GiB':>10}",
+            f"  {'variant':<26}{'s':>8}{'rollouts/s':>12}{'DiT rows':>10}{'TFLOP/s':>9}{'of peak':>9}{'peak GiB':>10}"
+            "  |logp - logp_bf16| max / mean",
         ]
         for r in group:
+            drift = f"  {r['logp_drift_max']:.2e} / {r['logp_drift_mean']:.2e}" if "logp_drift_max" in r else ""
             lines.append(
                 f"  {r['variant']:<26}{r['seconds']:>8.3f}{r['rollouts_per_s']:>12.2f}{r['dit_rows']:>10}"
-                f"{r['tflops']:>9.1f}{r['frac_peak']:>9.1%}{r['peak_gib']:>10.1f}"
+                f"{r['tflops']:>9.1f}{r['frac_peak']:>9.1%}{r['peak_gib']:>10.1f}{drift}"
             )
     if train:
         lines += [

@@ -5,6 +5,7 @@ import math
 import pytest
 import torch
 from diffusers.models.transformers.transformer_wan import WanRotaryPosEmbed, WanTransformer3DModel, WanTransformerBlock
+from wnm_inputs import random_dit_inputs
 
 from verl_omni.models.wnm import WNMConfig, WNMContext, WNMTransformer
 from verl_omni.models.wnm.rope import action_positions, rope_from_positions
@@ -18,22 +19,10 @@ def cfg():
     return WNMConfig.from_size("tiny", num_layers=2)
 
 
-def _inputs(cfg, b=2, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    ctx = WNMContext(
-        history_latents=torch.randn(b, *cfg.history_latent_shape, generator=g),
-        encoder_tokens=torch.randn(b, cfg.context_tokens, cfg.dim, generator=g),
-        encoder_mask=torch.ones(b, cfg.context_tokens, dtype=torch.bool),
-    )
-    x = torch.randn(b, *cfg.target_latent_shape, generator=g)
-    a = torch.randn(b, cfg.action_steps, cfg.action_channels, generator=g)
-    return x, a, torch.rand(b, generator=g), ctx
-
-
 def test_output_shapes_and_grad_reach_action_and_video_parts(cfg):
     torch.manual_seed(0)
     model = WNMTransformer(cfg)
-    x, a, s, ctx = _inputs(cfg, b=3)
+    x, a, s, ctx = random_dit_inputs(cfg, b=3)
     v_video, v_action = model(x, a, s, ctx)
     assert v_video.shape == (3, 16, 9, 8, 8)
     assert v_action.shape == (3, 32, 4)
@@ -54,7 +43,7 @@ def test_sequence_layout_fixed_by_config(cfg):
 def test_history_content_changes_prediction_but_not_target_layout(cfg):
     torch.manual_seed(0)
     model = WNMTransformer(cfg).eval()
-    x, a, s, ctx = _inputs(cfg)
+    x, a, s, ctx = random_dit_inputs(cfg)
     with torch.no_grad():
         v1, a1 = model(x, a, s, ctx)
         ctx2 = WNMContext(ctx.history_latents + 1.0, ctx.encoder_tokens, ctx.encoder_mask)
@@ -202,7 +191,7 @@ def test_history_tokens_get_timestep_zero(cfg):
 
 
 def test_context_select_and_to(cfg):
-    _, _, _, ctx = _inputs(cfg, b=2)
+    _, _, _, ctx = random_dit_inputs(cfg, b=2)
     ctx = WNMContext(ctx.history_latents, ctx.encoder_tokens, torch.tensor([[True] * 63 + [False]] * 2))
     sel = ctx.select(torch.tensor([1, 1, 0]))
     assert sel.batch_size == 3
@@ -216,7 +205,7 @@ def test_context_select_and_to(cfg):
 
 def test_rejects_wrong_shapes(cfg):
     model = WNMTransformer(cfg)
-    x, a, s, ctx = _inputs(cfg)
+    x, a, s, ctx = random_dit_inputs(cfg)
     with pytest.raises(ValueError, match="actions"):
         model(x, a[:, :8], s, ctx)
     with pytest.raises(ValueError, match="target_latents"):
@@ -256,7 +245,7 @@ def test_partial_activation_checkpointing_runs_the_first_blocks_twice_with_the_s
     torch.manual_seed(0)
     model = WNMTransformer(cfg)
     assert len(model.blocks) == 4
-    x, a, s, ctx = _inputs(cfg, seed=3)
+    x, a, s, ctx = random_dit_inputs(cfg, seed=3)
     calls = [0] * len(model.blocks)
     for i, block in enumerate(model.blocks):
         # An instance attribute, as compile_blocks binds it: the block's forward calls it (twice when recomputed).
@@ -303,7 +292,7 @@ def test_activation_checkpointing_switches_and_refuses_bad_counts():
 def test_action_sigma_equal_to_sigma_is_the_shared_forward(cfg):
     torch.manual_seed(0)
     model = WNMTransformer(cfg)
-    x, a, s, ctx = _inputs(cfg)
+    x, a, s, ctx = random_dit_inputs(cfg)
     for grad in (False, True):  # the no-grad and the autograd paths of the grouped modulation
         with torch.set_grad_enabled(grad):
             shared = model(x, a, s, ctx)
@@ -320,7 +309,7 @@ def test_action_sigma_reaches_only_the_action_tokens_modulation(cfg):
     torch.manual_seed(0)
     model = WNMTransformer(cfg).eval()
     model.blocks = torch.nn.ModuleList()
-    x, a, _, ctx = _inputs(cfg)
+    x, a, _, ctx = random_dit_inputs(cfg)
     s_video, s_action = torch.tensor([0.9, 0.2]), torch.tensor([0.1, 0.7])
     with torch.no_grad():
         v_split, a_split = model(x, a, s_video, ctx, action_sigma=s_action)
@@ -335,7 +324,7 @@ def test_action_sigma_reaches_only_the_action_tokens_modulation(cfg):
 
 def test_action_sigma_is_checked(cfg):
     model = WNMTransformer(cfg)
-    x, a, s, ctx = _inputs(cfg)
+    x, a, s, ctx = random_dit_inputs(cfg)
     with pytest.raises(ValueError, match="action_sigma must be"):
         model(x, a, s, ctx, action_sigma=torch.rand(3))
     model.set_history_attention("isolated")
@@ -370,7 +359,7 @@ class _NoAll(torch.Tensor):
 def test_a_known_all_true_flag_skips_the_device_check_and_keeps_the_outputs(cfg):
     torch.manual_seed(0)
     model = WNMTransformer(cfg).eval()
-    x, a, s, ctx = _inputs(cfg, b=2)
+    x, a, s, ctx = random_dit_inputs(cfg, b=2)
     partial = torch.ones_like(ctx.encoder_mask)
     partial[:, -5:] = False
     with torch.no_grad():

@@ -110,6 +110,30 @@ def test_recomputed_old_logprobs_cover_each_rollout_once_and_match(stage3_worksp
     assert m["actor/logp_abs_diff_first_minibatch"] == 0.0
 
 
+def test_fp8_rollout_trains_with_recomputed_old_logprobs(stage3_workspace, tmp_path):
+    # rollout.fp8 samples with the FP8 copy (torch._scaled_mm runs on CPU too) and re-quantizes it from the FSDP
+    # shards before step 2's rollout. Its own log-probs differ from the fp32 policy's, the recomputed ones are
+    # what the ratio uses, so the first mini-batch's ratio is exact again.
+    over = {
+        **SMALLEST_PLAN,
+        "trainer.total_steps": 2,
+        "trainer.save_freq": 0,
+        "rollout.fp8": True,
+        "algorithm.recompute_old_logp": True,
+    }
+    write_trainer_config(tmp_path / "cfg" / "run.yaml", stage3_workspace, tmp_path / "out", **over)
+    run_cli(
+        ["-m", "verl_omni.trainer.main_stage3", "--config-path", str(tmp_path / "cfg"), "--config-name", "run"],
+        timeout=900,
+    )
+    metrics = _metrics(tmp_path / "out")
+    for step in (1, 2):
+        m = metrics[step]
+        assert m["actor/old_logp_recomputed_rollouts"] == 16.0
+        assert m["actor/logp_abs_diff_rollout_vs_recomputed"] > 0.0  # FP8 sampling is not the fp32 policy
+        assert m["actor/logp_abs_diff_first_minibatch"] == 0.0
+
+
 def _start(cfg_dir: Path, ray_tmp: str) -> subprocess.Popen:
     env = {**os.environ, "PYTHONHASHSEED": "0", "OMP_NUM_THREADS": "1", "WAM_RAY_TMPDIR": ray_tmp}
     env.pop("RAY_ADDRESS", None)

@@ -143,6 +143,20 @@ def test_actor_activation_memory_budget_is_null_or_a_share_for_compiled_actors()
         trainer_config_from_dict(_minimal(actor=both))
 
 
+def test_rollout_fp8_needs_recomputed_old_logprobs_and_the_native_backend():
+    assert trainer_config_from_dict(_minimal()).rollout.fp8 is False  # off unless asked for
+    ok = trainer_config_from_dict(_minimal(rollout={"fp8": True}, algorithm={"recompute_old_logp": True}))
+    assert ok.rollout.fp8 is True
+    with pytest.raises(ConfigError, match=r"rollout\.fp8: samples with FP8 weights.*recompute_old_logp: true"):
+        trainer_config_from_dict(_minimal(rollout={"fp8": True}))
+    with pytest.raises(ConfigError, match=r"rollout\.fp8: applies to the native rollout backend only"):
+        trainer_config_from_dict(
+            _minimal(rollout={"fp8": True, "backend": "vllm_omni"}, algorithm={"recompute_old_logp": True})
+        )
+    with pytest.raises(ConfigError, match=r"rollout\.fp8: must be true or false"):
+        trainer_config_from_dict(_minimal(rollout={"fp8": "yes"}, algorithm={"recompute_old_logp": True}))
+
+
 def test_sections_build_the_sampler_loss_and_advantage_configs():
     cfg = trainer_config_from_dict(
         _minimal(

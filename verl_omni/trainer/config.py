@@ -121,6 +121,10 @@ class RolloutConfig:
         shared_initial_noise: Branches of a stratum share x_0 (False only for the ablation).
         micro_batch_size: Rollouts per forward pass on one rank.
         dtype: ``auto`` (bf16 on GPU, fp32 on CPU), ``bfloat16`` or ``float32`` for the DiT.
+        fp8: Opt-in: the native rollout runs an FP8 copy of the DiT, its blocks' linear layers in float8 with
+            row-wise scales (``verl_omni.models.wnm.fp8``; GPUs of compute capability 8.9 and up), re-quantized
+            from the actor's weights before each rollout. It samples from a slightly different policy than the
+            weights being trained, so it needs ``algorithm.recompute_old_logp: true``.
     """
 
     backend: str = "native"
@@ -134,6 +138,7 @@ class RolloutConfig:
     window: WindowConfig = field(default_factory=WindowConfig)
     micro_batch_size: int = 16
     dtype: str = "auto"
+    fp8: bool = False
 
     def sampler_config(self):
         """This section as the sampler's own config (:class:`~verl_omni.pipelines.wnm_shared.SamplerConfig`)."""
@@ -176,6 +181,12 @@ class RolloutConfig:
         )
         _require(self.micro_batch_size >= 1, f"{p}.micro_batch_size", "must be >= 1")
         _require(self.dtype in ("auto", "bfloat16", "float32"), f"{p}.dtype", "must be auto, bfloat16 or float32")
+        _require(self.fp8 in (True, False), f"{p}.fp8", f"must be true or false, got {self.fp8!r}")
+        _require(
+            not self.fp8 or self.backend == "native",
+            f"{p}.fp8",
+            "applies to the native rollout backend only: set rollout.backend: native or rollout.fp8: false",
+        )
         self.window.validate(f"{p}.window", self.num_steps)
 
 
@@ -455,6 +466,12 @@ class Stage3Config:
         self.reward.validate()
         self.topology.validate(self.rollout.rollouts_per_prompt)
         self.trainer.validate()
+        _require(
+            not self.rollout.fp8 or self.algorithm.recompute_old_logp,
+            "rollout.fp8",
+            "samples with FP8 weights, whose log-probs are not the trained bf16 policy's: set "
+            "algorithm.recompute_old_logp: true with it",
+        )
         return self
 
     def to_dict(self) -> dict:

@@ -111,7 +111,8 @@ class ActorRolloutWorker(Worker):
         self.spec: DeviceSpec | None = None
         self.model = None
         self.backend = None
-        self.rollout = None  # what generate() samples with: self.backend (native) or a vllm_omni backend
+        self.rollout = None  # what generate() samples with: self.backend (native), an FP8 copy's or vllm_omni's
+        self._fp8_transformer = None  # rollout.fp8: the FP8 copy of the DiT that self.rollout runs
         self.optimizer = None
         self.scheduler = None
         self.reference = None
@@ -155,6 +156,11 @@ class ActorRolloutWorker(Worker):
         # Refuses (naming model.variant, both values and the checkpoint's config.json) a checkpoint of the other
         # variant; the driver made the same check before Ray started.
         model = pipeline.load_model(cfg.model.initial_checkpoint, device=device, dtype=torch.float32)
+        if cfg.rollout.fp8:
+            from verl_omni.models.wnm.fp8 import float8_rollout_copy
+
+            # Built from the unsharded weights before FSDP shards them; re-quantized before each rollout.
+            self._fp8_transformer = float8_rollout_copy(model.transformer).to(self.spec.dit_dtype)
         if cfg.actor.gradient_checkpointing:
             apply_activation_checkpointing(model.transformer, cfg.actor.checkpoint_blocks)
         mesh = init_device_mesh(self.spec.kind, (self.world_size,))
@@ -241,6 +247,8 @@ class ActorRolloutWorker(Worker):
         between rollouts; ``generate`` syncs it to the actor's version first (bucketed, versioned;
         docs/vllm_omni.md)."""
         cfg = self.cfg
+        if self._fp8_transformer is not None:
+            return self._fp8_rollout_backend(model)
         if cfg.rollout.backend != "vllm_omni":
             return self.backend
         from verl_omni.pipelines.wnm_vllm_omni.extra import require_vllm_omni
@@ -266,9 +274,48 @@ class ActorRolloutWorker(Worker):
         rollout.sleep()
         return rollout
 
+    def _fp8_rollout_backend(self, model):
+        """A native backend around the FP8 copy of the DiT (``rollout.fp8``), at version 0 = the initial weights."""
+        from verl_omni.data.actions import ActionLayout
+        from verl_omni.pipelines.wnm_shared import NativeBackendConfig, NativeRolloutBackend
+
+        cfg, mc = self.cfg, model.config
+        fp8 = self._fp8_transformer
+        fp8.set_history_attention(cfg.actor.history_attention)
+        if cfg.actor.compile:
+            fp8.compile_blocks()
+        return NativeRolloutBackend(
+            fp8,
+            tuple(mc.target_latent_shape),
+            model.action_normalization,
+            cfg.rollout.sampler_config(),
+            NativeBackendConfig(
+                device=str(self.spec.device),
+                dtype="bfloat16" if self.spec.dit_dtype == torch.bfloat16 else "float32",
+                deterministic=one_request_per_call(cfg.trainer.deterministic, self.spec.kind),
+                chunk_size=cfg.rollout.micro_batch_size,
+            ),
+            ActionLayout(steps=mc.action_steps, chunks=mc.action_chunks),
+        )
+
+    def _sync_fp8_rollout(self) -> None:
+        """Re-quantizes the FP8 copy from the actor's current weights (collective: every rank all-gathers)."""
+        from verl_omni.models.wnm.fp8 import load_float8_copy
+        from verl_omni.pipelines.wnm_vllm_omni.weight_sync import full_tensor_source
+
+        sizes, source = full_tensor_source(self.model.transformer)
+        load_float8_copy(self._fp8_transformer, ((name, source(name)) for name, _ in sizes))
+        self.rollout.mark_weight_version(self.version)
+
     def _rollout_generate(self, requests, context, ode: bool):
         if self.rollout is self.backend:
             return self.backend.generate(requests, context, ode=ode)
+        if self._fp8_transformer is not None:
+            if ode:  # validation evaluates the policy being trained, the bf16 weights, not their FP8 copy
+                return self.backend.generate(requests, context, ode=True)
+            if self.rollout.weight_version != self.version:
+                self._sync_fp8_rollout()
+            return self.rollout.generate(requests, context, ode=False)
         self.rollout.wake_up()
         try:
             if self.rollout.weight_version != self.version:

@@ -1,0 +1,154 @@
+"""An FP8 copy of the DiT for rollouts: the blocks' linear layers in float8 (e4m3) with row-wise scales.
+
+The rollout spends about half of its compiled forward in the blocks' matrix products (attention projections and
+feed-forward). On GPUs with FP8 tensor cores (compute capability 8.9 and up) those run on ``torch._scaled_mm``
+with float8 operands: weights quantized once per weight version, one scale per output row; activations
+quantized on the fly, one scale per token. Everything else (embeddings, norms, modulation, attention, heads)
+stays in the copy's activation dtype.
+
+Why not torchao's ``Float8DynamicActivationFloat8WeightConfig``: it calls the same ``torch._scaled_mm`` with the
+same row-wise recipe, but refuses to run without a CUDA FP8 device, so the CPU test suite could not exercise the
+path the GPU runs; ``torch._scaled_mm`` itself runs on CPU, and this module is that recipe in 60 lines.
+
+An FP8 rollout samples from a slightly different policy than the bf16 weights being trained, so its own log-probs
+are not the trainer's: the trainer recomputes the old log-probs under the bf16 weights
+(``algorithm.recompute_old_logp``), which the config requires with it.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterable
+
+import torch
+import torch.nn as nn
+
+FLOAT8 = torch.float8_e4m3fn
+_FLOAT8_MAX = float(torch.finfo(FLOAT8).max)  # 448
+# A zero row (all-zero weights or activations) gets this scale instead of 0, so that it quantizes to zeros.
+_MIN_SCALE = 1e-12
+
+
+def quantize_rowwise(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``x [M, K]`` -> ``(x_fp8 [M, K] e4m3, scale [M, 1] fp32)`` with ``x ≈ x_fp8 * scale`` (amax per row -> 448)."""
+    xf = x.float()
+    scale = (xf.abs().amax(dim=1, keepdim=True) / _FLOAT8_MAX).clamp_min(_MIN_SCALE)
+    return (xf / scale).clamp(-_FLOAT8_MAX, _FLOAT8_MAX).to(FLOAT8), scale
+
+
+class Float8Linear(nn.Module):
+    """``nn.Linear`` inference in FP8: ``y = (x_q s_x) (W_q s_w)^T + b`` through ``torch._scaled_mm``.
+
+    The weight is stored quantized (``weight_fp8 [N, K]`` e4m3, ``weight_scale [1, N]`` fp32); :meth:`load` takes
+    a new full-precision weight (each weight version). Inference only: nothing here has a gradient.
+    """
+
+    def __init__(self, in_features: int, out_features: int, bias: bool, device=None) -> None:
+        super().__init__()
+        self.in_features, self.out_features = in_features, out_features
+        self.register_buffer("weight_fp8", torch.zeros(out_features, in_features, dtype=FLOAT8, device=device))
+        self.register_buffer("weight_scale", torch.ones(1, out_features, dtype=torch.float32, device=device))
+        self.register_buffer("bias", torch.zeros(out_features, device=device) if bias else None)
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear) -> Float8Linear:
+        q = cls(linear.in_features, linear.out_features, linear.bias is not None, device=linear.weight.device)
+        q.load(linear.weight.detach(), None if linear.bias is None else linear.bias.detach())
+        return q
+
+    @torch.no_grad()
+    def load(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
+        """Quantizes ``weight [N, K]`` (any float dtype) into this layer; ``bias [N]`` is kept in full precision."""
+        expected = (self.out_features, self.in_features)
+        if tuple(weight.shape) != expected:
+            raise ValueError(f"Float8Linear.load: weight of shape {tuple(weight.shape)}, expected {expected}")
+        w_fp8, scale = quantize_rowwise(weight.to(self.weight_fp8.device))
+        self.weight_fp8.copy_(w_fp8)
+        self.weight_scale.copy_(scale.t())
+        if self.bias is not None:
+            if bias is None:
+                raise ValueError("Float8Linear.load: this layer has a bias and none was given")
+            self.bias.copy_(bias)
+
+    def _apply(self, fn, recurse=True):
+        # module.to(torch.bfloat16) casts every floating-point buffer, float8 and the fp32 scales included; a
+        # round trip through bf16 would lose scale bits. Keep this layer's dtypes and follow only device moves.
+        before = {n: b for n, b in self._buffers.items() if b is not None}
+        super()._apply(fn, recurse)
+        for name, old in before.items():
+            new = self._buffers[name]
+            if new.dtype != old.dtype:
+                self._buffers[name] = old.to(new.device)
+        return self
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``x [..., K]`` -> ``[..., N]`` in ``x``'s dtype (bfloat16 on CUDA, where row-wise scaling needs it)."""
+        lead = x.shape[:-1]
+        x_fp8, x_scale = quantize_rowwise(x.reshape(-1, self.in_features))
+        bias = None if self.bias is None else self.bias.to(x.dtype)
+        y = torch._scaled_mm(
+            x_fp8, self.weight_fp8.t(), scale_a=x_scale, scale_b=self.weight_scale, bias=bias, out_dtype=x.dtype
+        )
+        return y.reshape(*lead, self.out_features)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
+
+
+def _block_linears(transformer: nn.Module) -> list[tuple[str, nn.Module, str]]:
+    """``(qualified name, parent, attribute)`` of every ``nn.Linear`` inside ``transformer.blocks``."""
+    found = []
+    for name, module in transformer.named_modules():
+        if not name.startswith("blocks."):
+            continue
+        for attr, child in module.named_children():
+            if isinstance(child, (nn.Linear, Float8Linear)):
+                found.append((f"{name}.{attr}", module, attr))
+    return found
+
+
+def float8_rollout_copy(transformer: nn.Module) -> nn.Module:
+    """A copy of an unsharded ``WNMTransformer`` whose blocks' linear layers are :class:`Float8Linear`.
+
+    The copy keeps the source's dtype and device for everything else and shares nothing with it; refresh it after
+    each update with :func:`load_float8_copy`. Compile it (``compile_blocks()``) like the bf16 model.
+    """
+    dup = copy.deepcopy(transformer).requires_grad_(False).eval()
+    for _, parent, attr in _block_linears(dup):
+        setattr(parent, attr, Float8Linear.from_linear(getattr(parent, attr)))
+    return dup
+
+
+@torch.no_grad()
+def load_float8_copy(dup: nn.Module, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> int:
+    """Loads full (unsharded) tensors named as in the bf16 model's ``state_dict`` into the FP8 copy.
+
+    The blocks' linear weights are re-quantized; every other tensor is copied in its place. Every name of the FP8
+    copy must be covered once: a missing or unknown name raises (a partial load would mix weight versions).
+
+    Returns:
+        The number of tensors loaded.
+    """
+    fp8_layers = {name: getattr(parent, attr) for name, parent, attr in _block_linears(dup)}
+    plain = dict(dup.state_dict(keep_vars=True))
+    pending_weight: dict[str, torch.Tensor] = {}
+    pending_bias: dict[str, torch.Tensor] = {}
+    seen: set[str] = set()
+    for name, tensor in named_tensors:
+        layer, _, leaf = name.rpartition(".")
+        if layer in fp8_layers and leaf in ("weight", "bias"):
+            (pending_weight if leaf == "weight" else pending_bias)[layer] = tensor
+        elif name in plain:
+            plain[name].copy_(tensor.to(plain[name].device, plain[name].dtype))
+        else:
+            raise KeyError(f"load_float8_copy: {name!r} is not a tensor of the FP8 rollout copy")
+        seen.add(name)
+    for layer, module in fp8_layers.items():
+        if layer not in pending_weight:
+            raise KeyError(f"load_float8_copy: no weight for {layer!r}")
+        module.load(pending_weight[layer], pending_bias.get(layer))
+    fp8_names = {f"{layer}.{leaf}" for layer in fp8_layers for leaf in ("weight_fp8", "weight_scale", "bias")}
+    missing = [n for n in plain if n not in fp8_names and n not in seen]
+    if missing:
+        raise KeyError(f"load_float8_copy: {len(missing)} tensor(s) not given, e.g. {missing[:3]}")
+    return len(seen)
