@@ -35,9 +35,9 @@ def _qk_norm(norm: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
 
 
 # Scaled-dot-product attention backends. "default": PyTorch's own choice, which is what diffusers' native dispatch
-# gets; with torch 2.11 on an H100 that is already cuDNN's fused kernel for our unmasked bf16 calls (1.7x flash
-# attention 2's forward at the Wan-1.3B shapes; scripts/bench_attention.py). "cudnn": forces cuDNN's kernel where
-# it applies (CUDA, bf16/fp16, no mask), for a torch whose own choice differs; other calls keep the default.
+# gets; with torch 2.11 on an H100 that is already cuDNN's fused kernel for our unmasked bf16 calls (1.6-1.7x
+# flash attention 2's forward at the Wan-1.3B shapes; scripts/bench_attention.py). "cudnn": forces cuDNN's kernel
+# where it applies (CUDA, bf16/fp16, no mask), for a torch whose own choice differs; other calls keep the default.
 ATTENTION_BACKENDS = ("default", "cudnn")
 
 
