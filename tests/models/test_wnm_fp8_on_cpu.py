@@ -116,3 +116,19 @@ def test_load_float8_copy_follows_new_weights_and_refuses_partial_sets(model):
     without_plain = [(k, v) for k, v in updated.state_dict().items() if not k.startswith("patch_embedding")]
     with pytest.raises(KeyError, match="not given"):
         load_float8_copy(dup, without_plain)
+
+
+def test_rollout_copy_compiles_without_graph_breaks(model):
+    """The GPU runs the FP8 copy compiled; dynamo must trace the quantization and ``torch._scaled_mm`` whole."""
+    import torch._dynamo as dynamo
+
+    dynamo.reset()
+    dynamo.utils.counters.clear()
+    eager, compiled = float8_rollout_copy(model), float8_rollout_copy(model)
+    compiled.compile_blocks()
+    x, a, s, ctx = random_dit_inputs(model.config, seed=2)
+    with torch.no_grad():
+        (ve, vae), (vc, vac) = eager(x, a, s, ctx), compiled(x, a, s, ctx)
+    assert not dynamo.utils.counters["graph_break"]
+    # Inductor may round a token's scale differently from eager, moving it to a neighbouring e4m3 step.
+    assert _rel(vc, ve) < 1e-2 and _rel(vac, vae) < 1e-2
