@@ -280,6 +280,11 @@ class ActorRolloutWorker(Worker):
         from verl_omni.pipelines.wnm_shared import NativeBackendConfig, NativeRolloutBackend
 
         cfg, mc = self.cfg, model.config
+        if self.spec.kind == "cuda" and torch.cuda.get_device_capability(self.spec.device) < (8, 9):
+            raise ConfigError(
+                f"rollout.fp8: {torch.cuda.get_device_name(self.spec.device)} has no FP8 tensor cores (compute "
+                "capability 8.9+, e.g. L40S, H100, H200); set rollout.fp8: false"
+            )
         fp8 = self._fp8_transformer
         fp8.set_history_attention(cfg.actor.history_attention)
         if cfg.actor.compile:
