@@ -14,7 +14,10 @@ the anchor, at the dims of ``scripts/bench_stage3_gpu.py``:
 With ``--compiled`` the same process also times our ``compile_blocks()`` with and without the skipped outputs, and
 diffusers after ``compile_repeated_blocks(fullgraph=True)`` as the second anchor. With ``--fp8`` it also times the
 opt-in FP8 rollout copy (``verl_omni.models.wnm.fp8``: the blocks' linear layers in float8 with row-wise scales),
-eager and (with ``--compiled``) compiled, and prints its velocity's distance from the bf16 model's.
+eager and (with ``--compiled``) compiled, and prints its velocity's distance from the bf16 model's. With
+``--text-valid N`` our context attends to only the first N of its text positions, as a real instruction's padded
+tokens do, and the same process also times the masked cross-attention that real runs took before
+``transformer.COMPACT_CONTEXT`` (eager, and compiled with ``--compiled``).
 
 Prints a table of medians with the ratio against the anchors.
 
@@ -43,6 +46,12 @@ def main(argv=None) -> int:
     p.add_argument("--rounds", type=int, default=5, help="interleaved rounds; each times every model 3 times")
     p.add_argument("--compiled", action="store_true", help="also time both models compiled (regional compilation)")
     p.add_argument("--fp8", action="store_true", help="also time the FP8 rollout copy of our model (CUDA sm89+)")
+    p.add_argument(
+        "--text-valid",
+        type=int,
+        default=None,
+        help="our context attends to only this many text positions (a padded instruction); default: all",
+    )
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("bench_modulation.py needs a CUDA device")
@@ -72,16 +81,21 @@ def main(argv=None) -> int:
     print(f"{'batch':>5}  {'model':<48}{'ms':>9}{'x d.eager':>11}{'x d.comp':>10}")
     for b in (int(v) for v in args.batches.split(",")):
         anchor_args, ours_args = forward_inputs(cfg, b, args.text_tokens, device, dtype)
+        if args.text_valid is not None:  # a padded instruction: text positions past text_valid are masked
+            ctx = ours_args[3]
+            mask = ctx.encoder_mask.clone()
+            mask[:, args.text_valid : cfg.text_max_length] = False
+            ours_args = (*ours_args[:3], type(ctx)(ctx.history_latents, ctx.encoder_tokens, mask))
 
         @torch.no_grad()
-        def run_ours(norm: bool, fused: bool, skip: bool = True, model=ours, ours_args=ours_args):
+        def run_ours(norm: bool, fused: bool, skip: bool = True, model=ours, ours_args=ours_args, compact=True):
             wnm_block.LOW_PRECISION_NORM, wnm_block.LOW_PRECISION_ADDCMUL = norm, fused
-            wnm_transformer.SKIP_UNREAD_OUTPUTS = skip
+            wnm_transformer.SKIP_UNREAD_OUTPUTS, wnm_transformer.COMPACT_CONTEXT = skip, compact
             try:
                 return model(*ours_args)
             finally:
                 wnm_block.LOW_PRECISION_NORM, wnm_block.LOW_PRECISION_ADDCMUL = True, True
-                wnm_transformer.SKIP_UNREAD_OUTPUTS = True
+                wnm_transformer.SKIP_UNREAD_OUTPUTS, wnm_transformer.COMPACT_CONTEXT = True, True
 
         @torch.no_grad()
         def run_anchor(model=anchor, anchor_args=anchor_args):
@@ -112,6 +126,16 @@ def main(argv=None) -> int:
             })  # fmt: skip
             for name in ("WNM compiled (now)", "WNM compiled, last block over all tokens", "diffusers compiled"):
                 entries[name]()  # compiles outside the timed rounds
+        if args.text_valid is not None:
+            entries["WNM eager, masked context (before)"] = lambda f=run_ours: f(True, True, compact=False)
+            with torch.no_grad():
+                v_masked = run_ours(True, True, compact=False)[0].float()
+            diffs["compacted vs masked context"] = float((v_now - v_masked).norm() / v_masked.norm())
+            if args.compiled:
+                entries["WNM compiled, masked context (before)"] = lambda f=run_ours: f(
+                    True, True, True, ours_compiled, compact=False
+                )
+                entries["WNM compiled, masked context (before)"]()  # compiles outside the timed rounds
         if fp8 is not None:
             entries["WNM eager, FP8 linears"] = lambda f=run_ours: f(True, True, True, fp8)
             with torch.no_grad():

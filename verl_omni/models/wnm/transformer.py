@@ -54,6 +54,14 @@ __all__ = [
 # benchmark can time both in one process; the outputs are the same either way.
 SKIP_UNREAD_OUTPUTS = True
 
+# In bf16/fp16, cross-attention runs over the attended context tokens only (WNMTransformer._cross_attention_context):
+# a prompt's padded text positions are dropped instead of masked. A bool mask rules out the flash and cuDNN kernels,
+# and real instructions fill a few dozen of the 512 text positions, so every DiT call of a real run used to take
+# the memory-efficient kernel over twice the context it needs. Exact in real arithmetic (masked keys weigh
+# exactly 0); in bf16 the sums run in another order. fp32 keeps the masked form bit for bit. False = the masked
+# form everywhere, for benchmarks that time both in one process.
+COMPACT_CONTEXT = True
+
 # Keys (prefixes) of the Wan-compatible video part; everything else in our state dict is WNM-specific.
 WAN_VIDEO_PREFIXES = ("patch_embedding.", "condition_embedder.", "blocks.", "proj_out.", "scale_shift_table")
 
@@ -189,6 +197,30 @@ class WNMTransformer(nn.Module):
         known = context.encoder_mask_all_true
         all_true = bool(mask.all()) if known is None else known
         return None if all_true else mask
+
+    def _cross_attention_context(self, context: WNMContext, dtype: torch.dtype):
+        """``(tokens [B, L', D] in dtype, mask [B, L'] bool or None)`` for the blocks' cross-attention.
+
+        In fp32 (or with ``COMPACT_CONTEXT`` off) the context as it is, with :meth:`_context_mask`. In bf16/fp16
+        each row's attended tokens move to the front in their order, the context is cut to the longest row's count,
+        and a mask remains only where rows differ in length (rows of one prompt never do). One host sync per
+        forward, as :meth:`_context_mask` has.
+        """
+        tokens, mask = context.encoder_tokens.to(dtype), context.encoder_mask
+        if not COMPACT_CONTEXT or dtype not in (torch.bfloat16, torch.float16) or mask is None:
+            return tokens, self._context_mask(context)
+        if context.encoder_mask_all_true:
+            return tokens, None
+        counts = mask.sum(dim=1)
+        lo, hi = (int(v) for v in torch.stack([counts.min(), counts.max()]).tolist())
+        if lo == mask.shape[1]:
+            return tokens, None
+        # A stable sort of "masked?" puts the attended positions first, each row keeping its own order.
+        order = torch.argsort((~mask).to(torch.uint8), dim=1, stable=True)[:, :hi]
+        tokens = tokens.gather(1, order[..., None].expand(-1, -1, tokens.shape[-1]))
+        if lo == hi:
+            return tokens, None
+        return tokens, torch.arange(hi, device=mask.device)[None, :] < counts[:, None]
 
     @property
     def gradient_checkpointing(self) -> bool:
@@ -348,8 +380,7 @@ class WNMTransformer(nn.Module):
         _, proj = self._time_embeddings(torch.zeros(b, device=x.device), dtype, context)
         cos, sin = self.rotary_embedding(x.device)
         rope = (cos[:, :nh], sin[:, :nh])
-        ctx = context.encoder_tokens.to(dtype)
-        mask = self._context_mask(context)
+        ctx, mask = self._cross_attention_context(context, dtype)
         kv = []
         for block in self.blocks:
             x, block_kv = block(x, ctx, proj[:, 0], rope, mask, None, None, True)
@@ -366,8 +397,7 @@ class WNMTransformer(nn.Module):
         cos, sin = self.rotary_embedding(x.device)
         nh = layout["history"].stop
         rope = (cos[:, nh:], sin[:, nh:])
-        ctx = context.encoder_tokens.to(dtype)
-        mask = self._context_mask(context)
+        ctx, mask = self._cross_attention_context(context, dtype)
         for block, prefix in zip(self.blocks, history, strict=True):
             x = block(x, ctx, proj[:, 1], rope, mask, None, prefix)
         nt = layout["target"].stop - layout["target"].start
@@ -502,8 +532,7 @@ class WNMTransformer(nn.Module):
             groups = [nh, x.shape[1] - nh - na, na]  # clean history | target at sigma | actions at action_sigma
         temb, timestep_proj = self._time_embeddings(sigma, dtype, context, action_sigma)
         rope = self.rotary_embedding(x.device)
-        ctx = context.encoder_tokens.to(dtype)
-        mask = self._context_mask(context)
+        ctx, mask = self._cross_attention_context(context, dtype)
         last = len(self.blocks) - 1
         for i, block in enumerate(self.blocks):
             if i == last and SKIP_UNREAD_OUTPUTS:

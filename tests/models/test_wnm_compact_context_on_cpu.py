@@ -1,0 +1,88 @@
+"""bf16 cross-attention over the attended context tokens only (``transformer.COMPACT_CONTEXT``).
+
+Dropping a prompt's padded text positions instead of masking them is exact in real arithmetic (a masked key
+weighs exactly 0): the expected tokens below are picked out by hand from the mask, and the bf16 forward is held
+against the masked forward and an fp32 reference. fp32 keeps the masked form (its bits are pinned elsewhere).
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from verl_omni.models.wnm import WNMConfig, WNMContext, WNMTransformer
+from verl_omni.models.wnm import transformer as transformer_module
+
+torch.set_num_threads(1)
+
+
+def _rel(a, b):
+    return float((a.double() - b.double()).norm() / b.double().norm())
+
+
+@pytest.fixture(scope="module")
+def model():
+    torch.manual_seed(0)
+    return WNMTransformer(WNMConfig.from_size("tiny", num_layers=2)).eval()
+
+
+def _context(cfg, valid: list[int], seed=0, dtype=torch.float32) -> WNMContext:
+    """A context whose row ``i`` attends to its first ``valid[i]`` text positions and every other token."""
+    g = torch.Generator().manual_seed(seed)
+    b, length = len(valid), cfg.context_tokens
+    mask = torch.ones(b, length, dtype=torch.bool)
+    text = cfg.text_max_length
+    for i, n in enumerate(valid):
+        mask[i, n:text] = False
+    return WNMContext(
+        history_latents=torch.randn(b, *cfg.history_latent_shape, generator=g).to(dtype),
+        encoder_tokens=torch.randn(b, length, cfg.dim, generator=g).to(dtype),
+        encoder_mask=mask,
+    )
+
+
+def test_compaction_keeps_each_rows_attended_tokens_in_order(model):
+    cfg = model.config
+    text, length = cfg.text_max_length, cfg.context_tokens
+    same = _context(cfg, [5, 5])
+    tokens, mask = model._cross_attention_context(same, torch.bfloat16)
+    keep = list(range(5)) + list(range(text, length))  # 5 text tokens, then the image/geometry tokens
+    assert mask is None and tokens.shape == (2, len(keep), cfg.dim)
+    assert torch.equal(tokens, same.encoder_tokens[:, keep].to(torch.bfloat16))
+    mixed = _context(cfg, [3, 7])
+    tokens, mask = model._cross_attention_context(mixed, torch.bfloat16)
+    n = 7 + length - text  # the longer row's count
+    assert tokens.shape == (2, n, cfg.dim)
+    assert torch.equal(mask, torch.tensor([[True] * (n - 4) + [False] * 4, [True] * n]))
+    row0 = list(range(3)) + list(range(text, length))
+    assert torch.equal(tokens[0, : len(row0)], mixed.encoder_tokens[0, row0].to(torch.bfloat16))
+    # fp32 and an all-attended context keep the masked form as it was.
+    tokens, mask = model._cross_attention_context(mixed, torch.float32)
+    assert torch.equal(tokens, mixed.encoder_tokens) and torch.equal(mask, mixed.encoder_mask)
+    full = _context(cfg, [text, text])
+    tokens, mask = model._cross_attention_context(full, torch.bfloat16)
+    assert mask is None and tokens.shape[1] == length
+
+
+@pytest.mark.parametrize("valid", [[6, 6], [2, 9]])
+def test_bf16_forward_over_compacted_context_matches_the_masked_one(model, valid):
+    cfg = model.config
+    m16 = copy.deepcopy(model).to(torch.bfloat16)
+    g = torch.Generator().manual_seed(4)
+    x = torch.randn(2, *cfg.target_latent_shape, generator=g)
+    a = torch.randn(2, cfg.action_steps, cfg.action_channels, generator=g)
+    s = torch.rand(2, generator=g)
+    ctx = _context(cfg, valid, seed=5)
+    with torch.no_grad():
+        fv, fva = model(x, a, s, ctx)  # fp32 masked reference
+        compact = m16(x.bfloat16(), a.bfloat16(), s, ctx.to(dtype=torch.bfloat16))
+        transformer_module.COMPACT_CONTEXT = False
+        try:
+            masked = m16(x.bfloat16(), a.bfloat16(), s, ctx.to(dtype=torch.bfloat16))
+        finally:
+            transformer_module.COMPACT_CONTEXT = True
+    for c, mk, f in zip(compact, masked, (fv, fva), strict=True):
+        assert _rel(c, mk) < 1e-2  # bf16 rounding of a differently ordered sum
+        assert _rel(c, f) <= 1.05 * _rel(mk, f) + 1e-3  # and no further from fp32 than the masked form
