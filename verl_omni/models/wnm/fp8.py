@@ -111,7 +111,8 @@ def float8_rollout_copy(transformer: nn.Module) -> nn.Module:
     """A copy of an unsharded ``WNMTransformer`` whose blocks' linear layers are :class:`Float8Linear`.
 
     The copy keeps the source's dtype and device for everything else and shares nothing with it; refresh it after
-    each update with :func:`load_float8_copy`. Compile it (``compile_blocks()``) like the bf16 model.
+    each update with :func:`load_float8_copy`. Compile it (``compile_blocks()``) like the bf16 model. Building it
+    holds a full-precision copy of the source for a moment (the linears are converted after copying).
     """
     dup = copy.deepcopy(transformer).requires_grad_(False).eval()
     for _, parent, attr in _block_linears(dup):
