@@ -55,11 +55,12 @@ __all__ = [
 SKIP_UNREAD_OUTPUTS = True
 
 # In bf16/fp16, cross-attention runs over the attended context tokens only (WNMTransformer._cross_attention_context):
-# a prompt's padded text positions are dropped instead of masked. A bool mask rules out the flash and cuDNN kernels,
-# and real instructions fill a few dozen of the 512 text positions, so every DiT call of a real run used to take
-# the memory-efficient kernel over twice the context it needs. Exact in real arithmetic (masked keys weigh
-# exactly 0); in bf16 the sums run in another order. fp32 keeps the masked form bit for bit. False = the masked
-# form everywhere, for benchmarks that time both in one process.
+# a prompt's padded text positions are dropped instead of masked. Real instructions fill a few dozen of the 512 text
+# positions, so a real run's context is about half padding, and every block projected it to keys/values and
+# attended over it for nothing (about 3% of a Wan-1.3B forward's FLOPs at 32 text tokens), through a mask that
+# rules out flash attention and costs cuDNN an additive bias. Exact in real arithmetic (masked keys weigh exactly
+# 0); in bf16 the sums run in another order. fp32 keeps the masked form bit for bit. False = the masked form
+# everywhere, for benchmarks that time both in one process.
 COMPACT_CONTEXT = True
 
 # Keys (prefixes) of the Wan-compatible video part; everything else in our state dict is WNM-specific.
@@ -186,8 +187,8 @@ class WNMTransformer(nn.Module):
     def _context_mask(context: WNMContext) -> torch.Tensor | None:
         """The cross-attention mask, or None when it masks nothing.
 
-        A bool mask rules out the flash and cuDNN attention kernels (PyTorch then runs the slower
-        memory-efficient kernel); an all-True mask changes no output, so it is dropped. Unless the context says
+        A bool mask rules out flash attention and makes PyTorch build an additive bias for cuDNN's kernel (or run
+        the memory-efficient one); an all-True mask changes no output, so it is dropped. Unless the context says
         whether its mask is all True (``WNMContext.encoder_mask_all_true``), that is checked on the device: one
         host sync per forward, not per block, which keeps the host from preparing the next call meanwhile.
         """
