@@ -95,27 +95,38 @@ def test_rollout_copy_predicts_like_the_model_within_fp8_rounding(model):
     assert 0 < _rel(v, fv) < 0.1 and 0 < _rel(va, fva) < 0.1
 
 
-def test_load_float8_copy_follows_new_weights_and_refuses_partial_sets(model):
+def test_load_float8_copy_follows_new_weights_and_refuses_bad_name_sets_untouched(model):
     dup = float8_rollout_copy(model)
     updated = copy.deepcopy(model)
     with torch.no_grad():
         for p in updated.parameters():
             p.add_(0.05 * torch.randn_like(p))
-    n = load_float8_copy(dup, updated.state_dict().items())
-    assert n == len(updated.state_dict())
+    state = updated.state_dict()
+    fetched = []
+
+    def source(name):
+        fetched.append(name)
+        return state[name]
+
+    assert load_float8_copy(dup, list(state), source) == len(state)
+    assert sorted(fetched) == sorted(state)  # each tensor fetched exactly once
     x, a, s, ctx = random_dit_inputs(model.config, seed=1)
     with torch.no_grad():
         got = dup(x, a, s, ctx)[0]
         fresh = float8_rollout_copy(updated)(x, a, s, ctx)[0]
     assert torch.equal(got, fresh)  # loading = converting the new weights from scratch
-    partial = [(k, v) for k, v in updated.state_dict().items() if not k.endswith("attn1.to_q.weight")]
-    with pytest.raises(KeyError, match="no weight for"):
-        load_float8_copy(dup, partial)
-    with pytest.raises(KeyError, match="not a tensor of the FP8 rollout copy"):
-        load_float8_copy(dup, [*updated.state_dict().items(), ("blocks.0.nope", torch.zeros(1))])
-    without_plain = [(k, v) for k, v in updated.state_dict().items() if not k.startswith("patch_embedding")]
-    with pytest.raises(KeyError, match="not given"):
-        load_float8_copy(dup, without_plain)
+    before = {k: v.clone() for k, v in dup.state_dict().items()}
+    bad_sets = {
+        "missing": [k for k in state if not k.endswith("attn1.to_q.weight")],
+        "unknown": [*state, "blocks.0.nope"],
+        "repeated": [*state, next(iter(state))],
+    }
+    for what, names in bad_sets.items():
+        fetched.clear()
+        with pytest.raises(KeyError, match=f"{what} \\['.+'\\].*nothing was loaded"):
+            load_float8_copy(dup, names, source)
+        assert not fetched  # refused before any tensor was fetched
+    assert all(torch.equal(v, before[k]) for k, v in dup.state_dict().items())  # and nothing was written
 
 
 def test_rollout_copy_compiles_without_graph_breaks(model):

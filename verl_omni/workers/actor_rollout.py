@@ -159,6 +159,11 @@ class ActorRolloutWorker(Worker):
         if cfg.rollout.fp8:
             from verl_omni.models.wnm.fp8 import float8_rollout_copy
 
+            if self.spec.kind == "cuda" and torch.cuda.get_device_capability(self.spec.device) < (8, 9):
+                raise ConfigError(
+                    f"rollout.fp8: {torch.cuda.get_device_name(self.spec.device)} has no FP8 tensor cores (compute "
+                    "capability 8.9+, e.g. L40S, H100, H200); set rollout.fp8: false"
+                )
             # Built from the unsharded weights before FSDP shards them; re-quantized before each rollout.
             self._fp8_transformer = float8_rollout_copy(model.transformer).to(self.spec.dit_dtype)
         if cfg.actor.gradient_checkpointing:
@@ -280,11 +285,6 @@ class ActorRolloutWorker(Worker):
         from verl_omni.pipelines.wnm_shared import NativeBackendConfig, NativeRolloutBackend
 
         cfg, mc = self.cfg, model.config
-        if self.spec.kind == "cuda" and torch.cuda.get_device_capability(self.spec.device) < (8, 9):
-            raise ConfigError(
-                f"rollout.fp8: {torch.cuda.get_device_name(self.spec.device)} has no FP8 tensor cores (compute "
-                "capability 8.9+, e.g. L40S, H100, H200); set rollout.fp8: false"
-            )
         fp8 = self._fp8_transformer
         fp8.set_history_attention(cfg.actor.history_attention)
         if cfg.actor.compile:
@@ -309,7 +309,7 @@ class ActorRolloutWorker(Worker):
         from verl_omni.pipelines.wnm_vllm_omni.weight_sync import full_tensor_source
 
         sizes, source = full_tensor_source(self.model.transformer)
-        load_float8_copy(self._fp8_transformer, ((name, source(name)) for name, _ in sizes))
+        load_float8_copy(self._fp8_transformer, [name for name, _ in sizes], source)
         self.rollout.mark_weight_version(self.version)
 
     def _rollout_generate(self, requests, context, ode: bool):

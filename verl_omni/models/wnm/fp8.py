@@ -18,7 +18,8 @@ are not the trainer's: the trainer recomputes the old log-probs under the bf16 w
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterable
+from collections import Counter
+from collections.abc import Callable, Iterable
 
 import torch
 import torch.nn as nn
@@ -121,35 +122,33 @@ def float8_rollout_copy(transformer: nn.Module) -> nn.Module:
 
 
 @torch.no_grad()
-def load_float8_copy(dup: nn.Module, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> int:
-    """Loads full (unsharded) tensors named as in the bf16 model's ``state_dict`` into the FP8 copy.
+def load_float8_copy(dup: nn.Module, names: Iterable[str], source: Callable[[str], torch.Tensor]) -> int:
+    """Loads full (unsharded) tensors, named as in the bf16 model's ``state_dict``, into the FP8 copy.
 
-    The blocks' linear weights are re-quantized; every other tensor is copied in its place. Every name of the FP8
-    copy must be covered once: a missing or unknown name raises (a partial load would mix weight versions).
+    ``names`` must cover the copy exactly once: unknown, missing or repeated names raise before any tensor is
+    fetched or written, so a refused load leaves the copy as it was. Then ``source(name)`` is called once per name,
+    in one fixed order (the copy's own), so that ranks whose ``source`` all-gathers a shard call it in step; each
+    block linear is quantized as soon as its weight (and bias) arrive, so at most one full-precision layer is held.
 
     Returns:
         The number of tensors loaded.
     """
     fp8_layers = {name: getattr(parent, attr) for name, parent, attr in _block_linears(dup)}
-    plain = dict(dup.state_dict(keep_vars=True))
-    pending_weight: dict[str, torch.Tensor] = {}
-    pending_bias: dict[str, torch.Tensor] = {}
-    seen: set[str] = set()
-    for name, tensor in named_tensors:
-        layer, _, leaf = name.rpartition(".")
-        if layer in fp8_layers and leaf in ("weight", "bias"):
-            (pending_weight if leaf == "weight" else pending_bias)[layer] = tensor
-        elif name in plain:
-            plain[name].copy_(tensor.to(plain[name].device, plain[name].dtype))
-        else:
-            raise KeyError(f"load_float8_copy: {name!r} is not a tensor of the FP8 rollout copy")
-        seen.add(name)
+    linear_names = {f"{layer}.{leaf}": layer for layer, m in fp8_layers.items()
+                    for leaf in (("weight", "bias") if m.bias is not None else ("weight",))}  # fmt: skip
+    fp8_buffers = {f"{layer}.{leaf}" for layer in fp8_layers for leaf in ("weight_fp8", "weight_scale", "bias")}
+    plain = {n: t for n, t in dup.state_dict(keep_vars=True).items() if n not in fp8_buffers}
+    given = list(names)
+    repeated = sorted(n for n, k in Counter(given).items() if k > 1)
+    unknown = sorted(set(given) - set(plain) - set(linear_names))
+    missing = sorted((set(plain) | set(linear_names)) - set(given))
+    if repeated or unknown or missing:
+        raise KeyError(
+            f"load_float8_copy: names do not match the FP8 rollout copy (unknown {unknown[:3]}, missing "
+            f"{missing[:3]}, repeated {repeated[:3]}); nothing was loaded"
+        )
     for layer, module in fp8_layers.items():
-        if layer not in pending_weight:
-            raise KeyError(f"load_float8_copy: no weight for {layer!r}")
-        module.load(pending_weight[layer], pending_bias.get(layer))
-    fp8_names = {f"{layer}.{leaf}" for layer in fp8_layers for leaf in ("weight_fp8", "weight_scale", "bias")}
-    missing = [n for n in plain if n not in fp8_names and n not in seen]
-    if missing:
-        raise KeyError(f"load_float8_copy: {len(missing)} tensor(s) not given, e.g. {missing[:3]}")
-    return len(seen)
+        module.load(source(f"{layer}.weight"), source(f"{layer}.bias") if module.bias is not None else None)
+    for name, tensor in plain.items():
+        tensor.copy_(source(name).to(tensor.device, tensor.dtype))
+    return len(given)
