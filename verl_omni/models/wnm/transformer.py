@@ -54,6 +54,24 @@ __all__ = [
 # benchmark can time both in one process; the outputs are the same either way.
 SKIP_UNREAD_OUTPUTS = True
 
+# Dynamo keeps its compiled graphs per code object, so every compiled model in a process shares one budget of
+# recompilations for ``WNMTransformerBlock.block_forward``: the rollout's graph (no grad), the update's (grad,
+# checkpointed or not), the last block's (outputs of the target tokens only), a context with and without a mask,
+# a new batch or context length (after which that size turns dynamic), and the FP8 rollout copy's graphs. That is
+# more than dynamo's default of 8, and past the limit dynamo runs the block eagerly for every new variant with
+# only a log warning: on an H100 the masked-context and FP8 forwards then took 756 and 1267 ms instead of about
+# 520 (session 32, scripts/bench_modulation.py). 64 leaves room for all of them.
+MIN_BLOCK_RECOMPILE_LIMIT = 64
+
+
+def raise_recompile_limit(limit: int = MIN_BLOCK_RECOMPILE_LIMIT) -> None:
+    """Raises dynamo's per-code-object recompile limit to at least ``limit`` (never lowers it)."""
+    import torch._dynamo.config as dynamo_config
+
+    dynamo_config.recompile_limit = max(dynamo_config.recompile_limit, limit)
+    dynamo_config.accumulated_recompile_limit = max(dynamo_config.accumulated_recompile_limit, 4 * limit)
+
+
 # In bf16/fp16, cross-attention runs over the attended context tokens only (WNMTransformer._cross_attention_context):
 # a prompt's padded text positions are dropped instead of masked. Real instructions fill a few dozen of the 512 text
 # positions, so a real run's context is about half padding, and every block projected it to keys/values and
@@ -279,6 +297,7 @@ class WNMTransformer(nn.Module):
         """
         if self.compiled_blocks:
             return
+        raise_recompile_limit()
         compiled = torch.compile(WNMTransformerBlock.block_forward, mode=mode, dynamic=dynamic)
         for block in self.blocks:
             block.block_forward = types.MethodType(compiled, block)
