@@ -2,6 +2,7 @@
 
 import dataclasses
 import json
+import warnings
 
 import pytest
 import torch
@@ -145,8 +146,14 @@ def test_actor_activation_memory_budget_is_null_or_a_share_for_compiled_actors()
 
 def test_rollout_fp8_needs_recomputed_old_logprobs_and_the_native_backend():
     assert trainer_config_from_dict(_minimal()).rollout.fp8 is False  # off unless asked for
-    ok = trainer_config_from_dict(_minimal(rollout={"fp8": True}, algorithm={"recompute_old_logp": True}))
+    with pytest.warns(UserWarning, match=r"rollout\.fp8 without actor\.compile.*set actor\.compile: true"):
+        ok = trainer_config_from_dict(_minimal(rollout={"fp8": True}, algorithm={"recompute_old_logp": True}))
     assert ok.rollout.fp8 is True
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # compiled: no warning
+        trainer_config_from_dict(
+            _minimal(rollout={"fp8": True}, algorithm={"recompute_old_logp": True}, actor={"compile": True})
+        )
     with pytest.raises(ConfigError, match=r"rollout\.fp8: samples with FP8 weights.*recompute_old_logp: true"):
         trainer_config_from_dict(_minimal(rollout={"fp8": True}))
     with pytest.raises(ConfigError, match=r"rollout\.fp8: applies to the native rollout backend only"):

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -472,6 +473,14 @@ class Stage3Config:
             "samples with FP8 weights, whose log-probs are not the trained bf16 policy's: set "
             "algorithm.recompute_old_logp: true with it",
         )
+        if self.rollout.fp8 and not self.actor.compile:
+            # Eager, each FP8 linear quantizes its input in separate kernels over an fp32 copy: on an H100 at Wan-1.3B
+            # dims the eager FP8 forward took 331 ms against the bf16 model's 182 ms (batch 4); compiled, 129 ms.
+            warnings.warn(
+                "rollout.fp8 without actor.compile: the eager FP8 rollout is slower than the bf16 one (measured 1.8x "
+                "on an H100); set actor.compile: true",
+                stacklevel=2,
+            )
         return self
 
     def to_dict(self) -> dict:
