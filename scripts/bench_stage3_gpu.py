@@ -79,6 +79,13 @@ def parse_args(argv=None) -> argparse.Namespace:
         "compiled with --compile; its log-prob drift from the bf16 model is reported beside the bf16 control)",
     )
     p.add_argument("--train-variants", default="eager,compiled", help="(c): eager, compiled (compiled needs --compile)")
+    p.add_argument(
+        "--text-valid",
+        type=int,
+        default=None,
+        help="(b) and (c): the group's context attends to only this many text positions, as a real padded "
+        "instruction does (FLOPs then count the attended context); default: all attended",
+    )
     p.add_argument("--num-steps", type=int, default=10, help="denoising steps K of the group")
     p.add_argument("--window-size", type=int, default=2, help="SDE window steps W")
     p.add_argument("--window-start", type=int, default=3, help="first SDE step of the (fixed) window")
@@ -143,6 +150,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     for name in ("num_steps", "window_size", "micro_batch", "ckpt_micro_batch", "iters", "text_tokens"):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    if args.text_valid is not None and args.text_valid < 1:
+        p.error(f"--text-valid must be >= 1, got {args.text_valid}")
     if args.warmup < 0 or not 0 <= args.window_start <= args.num_steps - 1 - args.window_size:
         p.error(
             f"--warmup must be >= 0 and --window-start in [0, {args.num_steps - 1 - args.window_size}] "
@@ -250,6 +259,19 @@ def random_context(cfg, batch: int, device, dtype, seed: int = 1):
         encoder_tokens=torch.randn(batch, cfg.context_tokens, cfg.dim, generator=g).to(device, dtype),
         encoder_mask=torch.ones(batch, cfg.context_tokens, dtype=torch.bool, device=device),
     )
+
+
+def group_context(cfg, args, device, dtype):
+    """The group's context (batch 1): all attended, or with ``--text-valid N`` a padded instruction of N tokens."""
+    ctx = random_context(cfg, 1, device, dtype, seed=21)
+    if args.text_valid is not None:
+        ctx.encoder_mask[:, args.text_valid : cfg.text_max_length] = False  # [text, image, geometry] order
+    return ctx
+
+
+def attended_tokens(ctx) -> int:
+    """Context tokens the longest row attends to (what a bf16 forward computes over, the context compacted)."""
+    return int(ctx.encoder_mask.sum(dim=1).max())
 
 
 def forward_inputs(cfg, batch: int, text_tokens: int, device, dtype) -> tuple[tuple, tuple]:
@@ -479,12 +501,12 @@ def backend_for(cfg, model, sampler, device, dtype_name: str, share_prefix: bool
 
 def bench_group(cfg, args, device, dtype, ours, ours_compiled, ours_isolated, peak) -> tuple[list[dict], object]:
     sampler, reqs = make_group(cfg, args)
-    ctx = random_context(cfg, 1, device, dtype, seed=21)
+    ctx = group_context(cfg, args, device, dtype)
     k, w, s0 = args.num_steps, args.window_size, args.window_start
     # DiT rows evaluated: without sharing 16 x K; with it 4 strata x s0 prefix steps + 16 x (K - s0).
     n_block = block_params(ours.blocks)
     seq = cfg.history_tokens + cfg.target_tokens + cfg.action_steps
-    per_row = forward_flops(n_block, 1, seq, cfg.context_tokens, cfg.dim, cfg.num_layers, unread_tokens(cfg))
+    per_row = forward_flops(n_block, 1, seq, attended_tokens(ctx), cfg.dim, cfg.num_layers, unread_tokens(cfg))
     rows = []
     wanted = set(_csv(args.group_variants))
     variants = [("eager, no prefix sharing", ours, False, "eager-unshared"), ("eager", ours, True, "eager")]
@@ -710,7 +732,7 @@ def _train_variant(
     times = [timed_once(functools.partial(actor.update_policy, [mini]), device)[0] for _ in range(2)]
     t = sorted(times)[len(times) // 2]
     fl = 3 * forward_flops(
-        block_params(model.blocks), n * w, seq, cfg.context_tokens, cfg.dim, cfg.num_layers, unread_tokens(cfg)
+        block_params(model.blocks), n * w, seq, attended_tokens(ctx32), cfg.dim, cfg.num_layers, unread_tokens(cfg)
     )
     return {
         "seconds": t,
@@ -804,6 +826,8 @@ def summary(args, cfg, env, peak, fwd, check, group, train) -> str:
         f"diffusers {env['diffusers']}, CUDA {env['cuda']}",
         f"sequence: {cfg.history_tokens} history + {cfg.target_tokens} target video tokens + {cfg.action_steps} "
         f"action tokens; context {cfg.context_tokens} tokens (anchor: {args.text_tokens} text tokens)",
+        "(b) and (c): "
+        + ("all context tokens attended" if args.text_valid is None else f"{args.text_valid} text tokens attended"),
         f"measured {args.dtype} matmul peak: {peak:.1f} TFLOP/s",
         "",
         "(a) DiT forward; ratios are anchor time / row time against diffusers eager and diffusers compiled",
@@ -915,7 +939,7 @@ def main(argv=None) -> int:
         group_rows, group = bench_group(cfg, args, device, dtype, ours, ours_compiled, ours_isolated, peak)
     elif "c" not in skip:  # (c) only needs the group's requests and context, not (b)'s timings
         sampler, reqs = make_group(cfg, args)
-        group = (sampler, reqs, random_context(cfg, 1, device, dtype, seed=21), args.window_size)
+        group = (sampler, reqs, group_context(cfg, args, device, dtype), args.window_size)
     del ours, ours_compiled, ours_isolated, ours_rows
     reset_peak(device)
     if "c" not in skip:
