@@ -11,7 +11,9 @@ the anchor, at the dims of ``scripts/bench_stage3_gpu.py``:
 - last block over all tokens: the default block, but the last block also computes the history tokens' outputs,
   which the heads never read (``transformer.SKIP_UNREAD_OUTPUTS = False``, the forward before session 30).
 
-With ``--compiled`` the same process also times our ``compile_blocks()`` with and without the skipped outputs, and
+With ``--compile-mode M`` both models are also timed compiled in that ``torch.compile`` mode. With ``--current-only``
+the settled earlier forms (fp32 norms, mul + add, last block over all tokens) are left out. With ``--compiled`` the
+same process also times our ``compile_blocks()`` with and without the skipped outputs, and
 diffusers after ``compile_repeated_blocks(fullgraph=True)`` as the second anchor. With ``--fp8`` it also times the
 opt-in FP8 rollout copy (``verl_omni.models.wnm.fp8``: the blocks' linear layers in float8 with row-wise scales),
 eager and (with ``--compiled``) compiled, and prints its velocity's distance from the bf16 model's. With
@@ -53,11 +55,19 @@ def main(argv=None) -> int:
         help="our context attends to only this many text positions (a padded instruction); default: all",
     )
     p.add_argument(
+        "--compile-mode",
+        default=None,
+        help="with --compiled, also time both models compiled in this torch.compile mode (e.g. "
+        "max-autotune-no-cudagraphs, whose Triton GEMM templates can take the GELU and bias as epilogues)",
+    )
+    p.add_argument(
         "--current-only",
         action="store_true",
         help="leave out the earlier forms already settled (fp32 norms, mul + add, last block over all tokens)",
     )
     args = p.parse_args(argv)
+    if args.compile_mode is not None and not args.compiled:
+        p.error("--compile-mode needs --compiled")
     if not torch.cuda.is_available():
         raise SystemExit("bench_modulation.py needs a CUDA device")
     from verl_omni.models.wnm import WNMConfig
@@ -74,6 +84,12 @@ def main(argv=None) -> int:
         ours_compiled.compile_blocks()
         anchor_compiled = copy.deepcopy(anchor)
         anchor_compiled.compile_repeated_blocks(fullgraph=True)
+    ours_moded = anchor_moded = None
+    if args.compile_mode is not None:
+        ours_moded = build_ours(cfg, device, dtype)
+        ours_moded.compile_blocks(mode=args.compile_mode)
+        anchor_moded = copy.deepcopy(anchor)
+        anchor_moded.compile_repeated_blocks(fullgraph=True, mode=args.compile_mode)
     fp8 = fp8_compiled = None
     if args.fp8:
         from verl_omni.models.wnm.fp8 import float8_rollout_copy
@@ -129,12 +145,16 @@ def main(argv=None) -> int:
                 "WNM compiled, last block over all tokens": lambda f=run_ours: f(True, True, False, ours_compiled),
                 "diffusers compiled": lambda f=run_anchor: f(anchor_compiled),
             })  # fmt: skip
+        if ours_moded is not None:
+            entries.update({
+                f"WNM compiled, {args.compile_mode}": lambda f=run_ours: f(True, True, True, ours_moded),
+                f"diffusers compiled, {args.compile_mode}": lambda f=run_anchor: f(anchor_moded),
+            })  # fmt: skip
         if args.current_only:
             for name in [n for n in entries if "fp32 norms" in n or "last block over all" in n]:
                 del entries[name]
-        for name in [n for n in ("WNM compiled (now)", "WNM compiled, last block over all tokens",
-                                 "diffusers compiled") if n in entries]:  # fmt: skip
-            entries[name]()  # compiles outside the timed rounds
+        for name in [n for n in entries if "compiled" in n]:
+            entries[name]()  # compiles outside the timed rounds (masked and FP8 rows compile below)
         if args.text_valid is not None:
             entries["WNM eager, masked context (before)"] = lambda f=run_ours: f(True, True, compact=False)
             with torch.no_grad():

@@ -86,3 +86,34 @@ def test_bf16_forward_over_compacted_context_matches_the_masked_one(model, valid
     for c, mk, f in zip(compact, masked, (fv, fva), strict=True):
         assert _rel(c, mk) < 1e-2  # bf16 rounding of a differently ordered sum
         assert _rel(c, f) <= 1.05 * _rel(mk, f) + 1e-3  # and no further from fp32 than the masked form
+
+
+def test_compiled_blocks_do_not_recompile_for_every_instruction_length(model, monkeypatch):
+    """Compaction gives every prompt's context its own length. Dynamo must turn that length dynamic after the
+    second one instead of compiling a graph per instruction length (which would exhaust the recompile budget)."""
+    import functools
+
+    import torch._dynamo as dynamo
+    from torch._dynamo.utils import counters
+
+    # Graph capture and guards are what is tested, so the cheap "eager" backend stands in for inductor.
+    monkeypatch.setattr(torch, "compile", functools.partial(torch.compile, backend="eager"))
+    dynamo.reset()
+    counters.clear()
+    compiled = copy.deepcopy(model).to(torch.bfloat16)
+    compiled.compile_blocks()
+    cfg = compiled.config
+    g = torch.Generator().manual_seed(4)
+    graphs = []
+    for n in (3, 9, 17, 5, 30, 12):
+        ctx = _context(cfg, [n, n], seed=n, dtype=torch.bfloat16)
+        x = torch.randn(2, *cfg.target_latent_shape, generator=g).to(torch.bfloat16)
+        a = torch.randn(2, cfg.action_steps, cfg.action_channels, generator=g).to(torch.bfloat16)
+        with torch.no_grad():
+            v, _ = compiled(x, a, torch.rand(2, generator=g), ctx)
+        assert torch.isfinite(v.float()).all()
+        graphs.append(counters["stats"]["unique_graphs"])
+    dynamo.reset()
+    # The first length compiles two static graphs (the blocks, and the last block that returns only the target
+    # tokens), the second length their forms with a dynamic context length; after that nothing new compiles.
+    assert graphs == [2, 4, 4, 4, 4, 4], graphs
