@@ -9,7 +9,7 @@ from wnm_inputs import random_dit_inputs
 
 from verl_omni.models.wnm import WNMConfig, WNMContext, WNMTransformer
 from verl_omni.models.wnm.rope import action_positions, rope_from_positions
-from verl_omni.models.wnm.transformer import WNMTransformerBlock
+from verl_omni.models.wnm.transformer import WNMTransformerBlock, compiled_block_graphs
 
 torch.set_num_threads(1)
 
@@ -403,6 +403,7 @@ def test_compiled_blocks_keep_compiling_past_dynamos_default_recompile_limit(mon
             for b in range(1, 9):
                 v, _ = model(*random_dit_inputs(model.config, b=b))
                 assert v.shape[0] == b
+        assert compiled_block_graphs() == (16, 64)  # what the trainer reports as compile/block_graphs
     dynamo.reset()
 
 

@@ -180,3 +180,20 @@ def test_sections_build_the_sampler_loss_and_advantage_configs():
     adv = cfg.algorithm.advantage_config(cfg.rollout)
     assert (adv.baseline, adv.num_strata, adv.num_branches, adv.layer_conditioned) == ("prompt", 2, 8, False)
     assert (adv.eps, adv.a_max) == (cfg.algorithm.adv_eps, cfg.algorithm.adv_clip)
+
+
+def test_trainer_warns_once_when_the_dit_block_reaches_dynamos_recompile_limit():
+    from types import SimpleNamespace
+
+    from verl_omni.trainer.ray_trainer import Stage3Trainer
+
+    logged: list[str] = []
+    trainer = SimpleNamespace(_warned_recompile_limit=False, _log=logged.append)
+    warn = Stage3Trainer._warn_at_recompile_limit
+    warn(trainer, {}, 1)  # not compiled: no counts, nothing to say
+    warn(trainer, {"compile/block_graphs": 63.0, "compile/block_graph_limit": 64.0}, 2)
+    assert logged == []
+    warn(trainer, {"compile/block_graphs": 64.0, "compile/block_graph_limit": 64.0}, 3)
+    warn(trainer, {"compile/block_graphs": 64.0, "compile/block_graph_limit": 64.0}, 4)
+    assert len(logged) == 1
+    assert "step 3" in logged[0] and "64 graphs" in logged[0] and "recompile_limit" in logged[0]

@@ -59,6 +59,7 @@ class Stage3Trainer:
         self.snapshot = config_snapshot or cfg.to_dict()
         self.timer = PhaseTimer()
         self._ray_started_here = False
+        self._warned_recompile_limit = False
         self.stop_request = StopRequest()
         self.handle_sigterm = False  # run() sets it: a SIGTERM then asks for a graceful stop
         self.stopped_at: int | None = None  # the step a graceful stop ended the run after
@@ -257,7 +258,20 @@ class Stage3Trainer:
             upd = self._call("update", self.actor_wg.update, payloads)[0]
             self.nonfinite_total = int(upd["actor/total_nonfinite_updates"])
             m.update({k: v for k, v in upd.items() if not k.startswith("timing/")})
+            self._warn_at_recompile_limit(m, step)
         return m
+
+    def _warn_at_recompile_limit(self, m: dict[str, float], step: int) -> None:
+        """Says once when dynamo holds as many DiT block graphs as it may: new shapes then run eagerly, slower."""
+        graphs, limit = m.get("compile/block_graphs"), m.get("compile/block_graph_limit")
+        if graphs is None or limit is None or graphs < limit or self._warned_recompile_limit:
+            return
+        self._warned_recompile_limit = True
+        self._log(
+            f"WARNING (step {step}): torch.compile holds {int(graphs)} graphs of the DiT block, dynamo's recompile "
+            f"limit: any new shape now runs the block eagerly, much slower. Set torch._dynamo.config.recompile_limit "
+            f"higher (TORCH_LOGS=recompiles shows why it recompiles; TensorBoard: compile/block_graphs)"
+        )
 
     # ------------------------------------------------------------------------------------------ loop
     def _restore(self) -> int:

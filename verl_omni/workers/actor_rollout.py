@@ -398,6 +398,11 @@ class ActorRolloutWorker(Worker):
         self.version += 1
         self.backend.mark_weight_version(self.version)  # colocated: the backend runs the very module we just updated
         out["memory/update_peak_gb"] = peak_memory_gb(self.spec)
+        if self.cfg.actor.compile:  # at the limit, new shapes of the DiT block run eagerly (ray_trainer warns)
+            from verl_omni.models.wnm.transformer import compiled_block_graphs
+
+            graphs, limit = compiled_block_graphs()
+            out["compile/block_graphs"], out["compile/block_graph_limit"] = float(graphs), float(limit)
         return out
 
     # ------------------------------------------------------------------------------------------- checkpoints

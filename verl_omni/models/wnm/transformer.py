@@ -72,6 +72,19 @@ def raise_recompile_limit(limit: int = MIN_BLOCK_RECOMPILE_LIMIT) -> None:
     dynamo_config.accumulated_recompile_limit = max(dynamo_config.accumulated_recompile_limit, 4 * limit)
 
 
+def compiled_block_graphs() -> tuple[int, int]:
+    """``(graphs dynamo holds for WNMTransformerBlock.block_forward, dynamo's recompile limit)`` in this process.
+
+    At the limit, every further variant of the block runs eagerly; the trainer reports both numbers so that a run
+    which reaches it says so. ``_debug_get_cache_entry_list`` is private to dynamo, but it is the only per-function
+    count of compiled graphs it offers.
+    """
+    import torch._dynamo.config as dynamo_config
+    from torch._dynamo.eval_frame import _debug_get_cache_entry_list
+
+    return len(_debug_get_cache_entry_list(WNMTransformerBlock.block_forward.__code__)), dynamo_config.recompile_limit
+
+
 # In bf16/fp16, cross-attention runs over the attended context tokens only (WNMTransformer._cross_attention_context):
 # a prompt's padded text positions are dropped instead of masked. Real instructions fill a few dozen of the 512 text
 # positions, so a real run's context is about half padding, and every block projected it to keys/values and
