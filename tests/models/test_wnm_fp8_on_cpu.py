@@ -11,6 +11,7 @@ import copy
 import pytest
 import torch
 import torch.nn as nn
+from fp8_reference import dequantized_linear
 from wnm_inputs import random_dit_inputs
 
 from verl_omni.models.wnm import WNMConfig, WNMTransformer
@@ -41,14 +42,7 @@ def test_float8_linear_is_the_dequantized_product():
     x = torch.randn(5, 7, 64)
     q = Float8Linear.from_linear(lin)
     got = q(x)
-    # Independent reference in float64: dequantize both operands by hand, then an ordinary matmul.
-    w = lin.weight.double()
-    ws = w.abs().amax(1, keepdim=True) / 448
-    w_deq = (w / ws).float().to(FLOAT8).double() * ws
-    x2 = x.reshape(-1, 64).double()
-    xs = x2.abs().amax(1, keepdim=True) / 448
-    x_deq = (x2 / xs).float().to(FLOAT8).double() * xs
-    want = (x_deq @ w_deq.t() + lin.bias.detach().double()).reshape(5, 7, 48)
+    want = dequantized_linear(lin, x)  # independent reference: both operands dequantized by hand, in float64
     assert got.shape == (5, 7, 48) and got.dtype == torch.float32
     assert _rel(got, want) < 1e-6
     # And it is a few percent from the full-precision layer, e4m3's 3 mantissa bits.

@@ -9,10 +9,11 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn as nn
+from fp8_reference import dequantized_linear
 from wnm_inputs import random_dit_inputs
 
 from verl_omni.models.wnm import WNMConfig, WNMTransformer
-from verl_omni.models.wnm.fp8 import FLOAT8, Float8Linear, float8_rollout_copy
+from verl_omni.models.wnm.fp8 import Float8Linear, float8_rollout_copy
 
 pytestmark = pytest.mark.skipif(
     not torch.cuda.is_available() or torch.cuda.get_device_capability() < (8, 9),
@@ -35,13 +36,7 @@ def test_cuda_float8_linear_is_the_dequantized_product_in_bf16():
     lin = nn.Linear(256, 512).cuda().to(torch.bfloat16)
     x = torch.randn(3, 40, 256, device="cuda", dtype=torch.bfloat16)
     got = Float8Linear.from_linear(lin)(x)
-    w = lin.weight.double()
-    ws = w.abs().amax(1, keepdim=True) / 448
-    w_deq = (w / ws).float().to(FLOAT8).double() * ws
-    x2 = x.reshape(-1, 256).double()
-    xs = x2.abs().amax(1, keepdim=True) / 448
-    x_deq = (x2 / xs).float().to(FLOAT8).double() * xs
-    want = (x_deq @ w_deq.t() + lin.bias.double()).reshape(3, 40, 512)
+    want = dequantized_linear(lin, x)  # float64, both operands dequantized by hand
     assert got.dtype == torch.bfloat16 and got.shape == (3, 40, 512)
     assert _rel(got, want) < 1e-2  # only the bf16 store and fp32 accumulation order differ
 
