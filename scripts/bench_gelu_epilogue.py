@@ -1,0 +1,84 @@
+#!/usr/bin/env python
+"""The feed-forward's first product with its GELU fused into the GEMM (cuBLASLt's bias + GELU epilogue) or not.
+
+A Wan block's feed-forward computes ``gelu_tanh(x W1^T + b1)`` over ``[tokens, 8960]``: as a GEMM that writes the
+product and a separate GELU kernel that reads and writes it again, that is two extra passes over the block's largest
+activation. ``torch._addmm_activation(..., use_gelu=True)`` asks cuBLASLt for the bias and GELU in the GEMM's
+epilogue. This script times, in one process at the DiT's shapes (bf16, CUDA), medians:
+
+- ``linear + gelu``: ``F.gelu(F.linear(x, W, b), approximate="tanh")``, eager and compiled (what the block runs);
+- ``addmm + GELU epilogue``: ``torch._addmm_activation(b, x, W^T, use_gelu=True)``, eager and compiled;
+
+and prints which GELU the epilogue computes (its distance from the tanh form and from the exact form; on CPU
+PyTorch computes the exact one, so the two devices would differ).
+
+    python scripts/bench_gelu_epilogue.py --batches 4,16
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_common import median_time  # noqa: E402
+
+
+def linear_gelu(x, w, b):
+    return F.gelu(F.linear(x, w, b), approximate="tanh")
+
+
+def addmm_gelu(x, w, b):
+    return torch._addmm_activation(b, x, w.t(), use_gelu=True)
+
+
+@torch.no_grad()
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--dim", type=int, default=1536, help="model width (default: Wan2.1-1.3B's)")
+    p.add_argument("--ffn-dim", type=int, default=8960, help="feed-forward width (default: Wan2.1-1.3B's)")
+    p.add_argument("--seq", type=int, default=4640, help="tokens per sample (default: the wan2.1-1.3b WNM sequence)")
+    p.add_argument("--batches", default="4,16")
+    p.add_argument("--iters", type=int, default=20)
+    args = p.parse_args(argv)
+    if not torch.cuda.is_available():
+        raise SystemExit("bench_gelu_epilogue.py needs a CUDA device")
+    device = torch.device("cuda")
+    dim, ffn, seq = args.dim, args.ffn_dim, args.seq
+    g = torch.Generator(device=device).manual_seed(0)
+    w = torch.randn(ffn, dim, device=device, generator=g) / dim**0.5
+    b = torch.randn(ffn, device=device, generator=g) * 0.1
+    x32 = torch.randn(256, dim, device=device, generator=g)
+    for dtype in (torch.float32, torch.bfloat16):
+        y = addmm_gelu(x32.to(dtype), w.to(dtype), b.to(dtype)).double()
+        z = F.linear(x32.double(), w.double(), b.double())
+        tanh, exact = F.gelu(z, approximate="tanh"), F.gelu(z)
+        print(
+            f"epilogue GELU, {dtype}: max |diff| from the tanh form {(y - tanh).abs().max():.2e}, "
+            f"from the exact form {(y - exact).abs().max():.2e}"
+        )
+    wb, bb = w.bfloat16(), b.bfloat16()
+    compiled = {"linear + gelu": torch.compile(linear_gelu), "addmm + GELU epilogue": torch.compile(addmm_gelu)}
+    print(f"dim {dim}, ffn {ffn}, {seq} tokens a sample, {torch.__version__}, {torch.cuda.get_device_name(device)}")
+    print(f"{'batch':>5}  {'variant':<36}{'ms':>8}{'x eager linear+gelu':>21}")
+    for batch in (int(v) for v in args.batches.split(",")):
+        x = torch.randn(batch * seq, dim, device=device, generator=g, dtype=torch.bfloat16)
+        rows = {
+            "linear + gelu, eager": lambda x=x: linear_gelu(x, wb, bb),
+            "linear + gelu, compiled": lambda x=x: compiled["linear + gelu"](x, wb, bb),
+            "addmm + GELU epilogue, eager": lambda x=x: addmm_gelu(x, wb, bb),
+            "addmm + GELU epilogue, compiled": lambda x=x: compiled["addmm + GELU epilogue"](x, wb, bb),
+        }
+        ms = {name: median_time(fn, device, 3, args.iters) * 1e3 for name, fn in rows.items()}
+        base = ms["linear + gelu, eager"]
+        for name, t in ms.items():
+            print(f"{batch:>5}  {name:<36}{t:8.3f}{base / t:20.2f}x", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
