@@ -59,8 +59,9 @@ SKIP_UNREAD_OUTPUTS = True
 # checkpointed or not), the last block's (outputs of the target tokens only), a context with and without a mask,
 # a new batch or context length (after which that size turns dynamic), and the FP8 rollout copy's graphs. That is
 # more than dynamo's default of 8, and past the limit dynamo runs the block eagerly for every new variant with
-# only a log warning: on an H100 the masked-context and FP8 forwards then took 756 and 1267 ms instead of about
-# 520 (session 32, scripts/bench_modulation.py). 64 leaves room for all of them.
+# only a log warning: on an H100 the masked-context and FP8 forwards at batch 16 then took 756 and 1267 ms, their
+# eager times, where the compiled bf16 forward took 522 ms (session 32, scripts/bench_modulation.py). 64 leaves room
+# for all of them.
 MIN_BLOCK_RECOMPILE_LIMIT = 64
 
 
