@@ -11,7 +11,8 @@ the anchor, at the dims of ``scripts/bench_stage3_gpu.py``:
 - last block over all tokens: the default block, but the last block also computes the history tokens' outputs,
   which the heads never read (``transformer.SKIP_UNREAD_OUTPUTS = False``, the forward before session 30).
 
-With ``--compile-mode M`` both models are also timed compiled in that ``torch.compile`` mode. With ``--current-only``
+With ``--compile-mode M`` both models are also timed compiled in that ``torch.compile`` mode; with ``--fp8-groups``
+an FP8 copy of only those layer groups is timed too. With ``--current-only``
 the settled earlier forms (fp32 norms, mul + add, last block over all tokens) are left out. With ``--compiled`` the
 same process also times our ``compile_blocks()`` with and without the skipped outputs, and
 diffusers after ``compile_repeated_blocks(fullgraph=True)`` as the second anchor. With ``--fp8`` it also times the
@@ -55,6 +56,12 @@ def main(argv=None) -> int:
         help="our context attends to only this many text positions (a padded instruction); default: all",
     )
     p.add_argument(
+        "--fp8-groups",
+        default=None,
+        help="with --fp8 and --compiled, also time a compiled FP8 copy converting only these comma-separated layer "
+        "groups (attention, feed_forward_in, feed_forward_out; verl_omni.models.wnm.fp8.LAYER_GROUPS)",
+    )
+    p.add_argument(
         "--compile-mode",
         default=None,
         help="with --compiled, also time both models compiled in this torch.compile mode (e.g. "
@@ -68,6 +75,8 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     if args.compile_mode is not None and not args.compiled:
         p.error("--compile-mode needs --compiled")
+    if args.fp8_groups is not None and not (args.fp8 and args.compiled):
+        p.error("--fp8-groups needs --fp8 and --compiled")
     if not torch.cuda.is_available():
         raise SystemExit("bench_modulation.py needs a CUDA device")
     from verl_omni.models.wnm import WNMConfig
@@ -98,6 +107,10 @@ def main(argv=None) -> int:
         if args.compiled:
             fp8_compiled = float8_rollout_copy(ours)
             fp8_compiled.compile_blocks()
+    fp8_some = None
+    if args.fp8_groups is not None:
+        fp8_some = float8_rollout_copy(ours, groups=args.fp8_groups.split(","))
+        fp8_some.compile_blocks()
     print(f"size {cfg.size}, bf16, torch {torch.__version__}, {torch.cuda.get_device_name(device)}")
     print(f"{'batch':>5}  {'model':<48}{'ms':>9}{'x d.eager':>11}{'x d.comp':>10}")
     for b in (int(v) for v in args.batches.split(",")):
@@ -173,6 +186,13 @@ def main(argv=None) -> int:
             if fp8_compiled is not None:
                 entries["WNM compiled, FP8 linears"] = lambda f=run_ours: f(True, True, True, fp8_compiled)
                 entries["WNM compiled, FP8 linears"]()  # compiles outside the timed rounds
+            if fp8_some is not None:
+                name = f"WNM compiled, FP8 {args.fp8_groups} only"
+                entries[name] = lambda f=run_ours: f(True, True, True, fp8_some)
+                entries[name]()
+                with torch.no_grad():
+                    v_some = run_ours(True, True, True, fp8_some)[0].float()
+                diffs[f"FP8 {args.fp8_groups} only vs now (bf16)"] = float((v_some - v_now).norm() / v_now.norm())
         times: dict[str, list[float]] = {k: [] for k in entries}
         for _ in range(args.rounds):
             for name, fn in entries.items():

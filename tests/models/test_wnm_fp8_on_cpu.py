@@ -137,3 +137,29 @@ def test_rollout_copy_compiles_without_graph_breaks(model):
     assert not dynamo.utils.counters["graph_break"]
     # Inductor may round a token's scale differently from eager, moving it to a neighbouring e4m3 step.
     assert _rel(vc, ve) < 1e-2 and _rel(vac, vae) < 1e-2
+
+
+def test_rollout_copy_converts_only_the_chosen_layer_groups_and_reloads_them(model):
+    dup = float8_rollout_copy(model, groups=["feed_forward_in"])
+    converted = sorted(n for n, m in dup.named_modules() if isinstance(m, Float8Linear))
+    # Written out from the block's module names: one feed-forward input layer per block (2 blocks).
+    assert converted == ["blocks.0.ffn.net.0.proj", "blocks.1.ffn.net.0.proj"]
+    assert isinstance(dup.get_submodule("blocks.0.attn1.to_q"), nn.Linear)
+    assert isinstance(dup.get_submodule("blocks.1.ffn.net.2"), nn.Linear)
+    updated = copy.deepcopy(model)
+    with torch.no_grad():
+        for p in updated.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    state = updated.state_dict()
+    assert load_float8_copy(dup, list(state), state.__getitem__) == len(state)
+    x, a, s, ctx = random_dit_inputs(model.config, seed=3)
+    with torch.no_grad():
+        got = dup(x, a, s, ctx)[0]
+        fresh = float8_rollout_copy(updated, groups=["feed_forward_in"])(x, a, s, ctx)[0]
+        all_fp8 = float8_rollout_copy(updated)(x, a, s, ctx)[0]
+        full = updated(x, a, s, ctx)[0]
+    assert torch.equal(got, fresh)
+    assert _rel(got, full) < _rel(all_fp8, full)  # fewer layers rounded to e4m3, closer to the full model
+    for bad in (["attention", "nope"], []):
+        with pytest.raises(ValueError, match="groups must be a non-empty subset"):
+            float8_rollout_copy(model, groups=bad)

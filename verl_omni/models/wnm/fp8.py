@@ -96,28 +96,54 @@ class Float8Linear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
 
 
-def _block_linears(transformer: nn.Module) -> list[tuple[str, nn.Module, str]]:
-    """``(qualified name, parent, attribute)`` of every ``nn.Linear`` inside ``transformer.blocks``."""
+# The block linears by role, as suffixes of their qualified names (diffusers' Wan module names).
+LAYER_GROUPS = {
+    "attention": (".attn1.to_q", ".attn1.to_k", ".attn1.to_v", ".attn1.to_out.0",
+                  ".attn2.to_q", ".attn2.to_k", ".attn2.to_v", ".attn2.to_out.0"),
+    "feed_forward_in": (".ffn.net.0.proj",),
+    "feed_forward_out": (".ffn.net.2",),
+}  # fmt: skip
+
+
+def _block_linears(transformer: nn.Module, kinds: tuple[type, ...] = (nn.Linear, Float8Linear)):
+    """``(qualified name, parent, attribute)`` of every linear layer of ``kinds`` inside ``transformer.blocks``."""
     found = []
     for name, module in transformer.named_modules():
         if not name.startswith("blocks."):
             continue
         for attr, child in module.named_children():
-            if isinstance(child, (nn.Linear, Float8Linear)):
+            if isinstance(child, kinds):
                 found.append((f"{name}.{attr}", module, attr))
     return found
 
 
-def float8_rollout_copy(transformer: nn.Module) -> nn.Module:
+def float8_rollout_copy(transformer: nn.Module, groups: Iterable[str] | None = None) -> nn.Module:
     """A copy of an unsharded ``WNMTransformer`` whose blocks' linear layers are :class:`Float8Linear`.
 
     The copy keeps the source's dtype and device for everything else and shares nothing with it; refresh it after
     each update with :func:`load_float8_copy`. Compile it (``compile_blocks()``) like the bf16 model. Building it
     holds a full-precision copy of the source for a moment (the linears are converted after copying).
+
+    Args:
+        transformer: The model to copy.
+        groups: Which block linears to convert, by :data:`LAYER_GROUPS` name (None = all). On an H100 the
+            activation quantization cost about what the float8 product saved except in the feed-forward's first
+            layer (``scripts/bench_fp8_linear.py``), so a subset may be the faster copy.
+
+    Raises:
+        ValueError: An unknown group name, or no group.
     """
+    names = tuple(LAYER_GROUPS) if groups is None else tuple(groups)
+    unknown = sorted(set(names) - set(LAYER_GROUPS))
+    if unknown or not names:
+        raise ValueError(
+            f"float8_rollout_copy: groups must be a non-empty subset of {sorted(LAYER_GROUPS)}, got {names}"
+        )
+    suffixes = tuple(suffix for g in names for suffix in LAYER_GROUPS[g])
     dup = copy.deepcopy(transformer).requires_grad_(False).eval()
-    for _, parent, attr in _block_linears(dup):
-        setattr(parent, attr, Float8Linear.from_linear(getattr(parent, attr)))
+    for name, parent, attr in _block_linears(dup, (nn.Linear,)):
+        if name.endswith(suffixes):
+            setattr(parent, attr, Float8Linear.from_linear(getattr(parent, attr)))
     return dup
 
 
@@ -133,7 +159,7 @@ def load_float8_copy(dup: nn.Module, names: Iterable[str], source: Callable[[str
     Returns:
         The number of tensors loaded.
     """
-    fp8_layers = {name: getattr(parent, attr) for name, parent, attr in _block_linears(dup)}
+    fp8_layers = {name: getattr(parent, attr) for name, parent, attr in _block_linears(dup, (Float8Linear,))}
     linear_names = {f"{layer}.{leaf}": layer for layer, m in fp8_layers.items()
                     for leaf in (("weight", "bias") if m.bias is not None else ("weight",))}  # fmt: skip
     fp8_buffers = {f"{layer}.{leaf}" for layer in fp8_layers for leaf in ("weight_fp8", "weight_scale", "bias")}
