@@ -78,6 +78,12 @@ def parse_args(argv=None) -> argparse.Namespace:
         help="(b) variants to time: eager-unshared, eager, compiled, isolated, fp8 (the opt-in FP8 rollout copy, "
         "compiled with --compile; its log-prob drift from the bf16 model is reported beside the bf16 control)",
     )
+    p.add_argument(
+        "--fp8-groups",
+        default=None,
+        help="(b) with the fp8 variant: also time a copy converting only these comma-separated layer groups "
+        "(attention, feed_forward_in, feed_forward_out)",
+    )
     p.add_argument("--train-variants", default="eager,compiled", help="(c): eager, compiled (compiled needs --compile)")
     p.add_argument(
         "--text-valid",
@@ -150,6 +156,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     for name in ("num_steps", "window_size", "micro_batch", "ckpt_micro_batch", "iters", "text_tokens"):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    if args.fp8_groups is not None and "fp8" not in _csv(args.group_variants):
+        p.error("--fp8-groups needs fp8 in --group-variants")
     if args.text_valid is not None and args.text_valid < 1:
         p.error(f"--text-valid must be >= 1, got {args.text_valid}")
     if args.warmup < 0 or not 0 <= args.window_start <= args.num_steps - 1 - args.window_size:
@@ -517,10 +525,13 @@ def bench_group(cfg, args, device, dtype, ours, ours_compiled, ours_isolated, pe
     if "fp8" in wanted:
         from verl_omni.models.wnm.fp8 import float8_rollout_copy
 
-        fp8 = float8_rollout_copy(ours)
-        if args.compile:
-            fp8.compile_blocks()
-        variants.append(("FP8 linears" + (", compiled" if args.compile else ""), fp8, True, "fp8"))
+        suffix = ", compiled" if args.compile else ""
+        for groups in [None] + ([args.fp8_groups.split(",")] if args.fp8_groups else []):
+            fp8 = float8_rollout_copy(ours, groups=groups)
+            if args.compile:
+                fp8.compile_blocks()
+            label = "FP8 linears" if groups is None else f"FP8 {'+'.join(groups)} only"
+            variants.append((label + suffix, fp8, True, "fp8"))
     reference = ours_compiled if ours_compiled is not None else ours
     for name, model, share, key in variants:
         if key not in wanted:
