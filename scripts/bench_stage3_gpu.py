@@ -679,7 +679,7 @@ def train_variant(cfg, device, dtype, mesh, group, peak: float, attention: str, 
     """
     if variant.memory_budget is None:
         return _train_variant(cfg, device, dtype, mesh, group, peak, attention, variant, mb)
-    from verl_omni.models.wnm.transformer import set_activation_memory_budget
+    from verl_omni.models.wnm.compilation import set_activation_memory_budget
 
     # The budget is read when inductor partitions the joint graph, i.e. at the first backward: recompile under it,
     # and restore the old setting for the variants after this one (the product's worker keeps it instead).

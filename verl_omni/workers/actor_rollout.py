@@ -192,7 +192,7 @@ class ActorRolloutWorker(Worker):
         register_fsdp_forward_method(model.transformer, "history_kv")
         model.transformer.set_history_attention(cfg.actor.history_attention)
         if cfg.actor.compile:
-            from verl_omni.models.wnm.transformer import set_activation_memory_budget
+            from verl_omni.models.wnm.compilation import set_activation_memory_budget
 
             # Process-wide and read at the first backward, so it is set here and kept (the worker compiles
             # nothing else).
@@ -399,7 +399,7 @@ class ActorRolloutWorker(Worker):
         self.backend.mark_weight_version(self.version)  # colocated: the backend runs the very module we just updated
         out["memory/update_peak_gb"] = peak_memory_gb(self.spec)
         if self.cfg.actor.compile:  # at the limit, new shapes of the DiT block run eagerly (ray_trainer warns)
-            from verl_omni.models.wnm.transformer import compiled_block_graphs
+            from verl_omni.models.wnm.compilation import compiled_block_graphs
 
             graphs, limit = compiled_block_graphs()
             out["compile/block_graphs"], out["compile/block_graph_limit"] = float(graphs), float(limit)

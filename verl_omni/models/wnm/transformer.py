@@ -34,6 +34,7 @@ from diffusers.models.transformers.transformer_wan import WanTimeTextImageEmbedd
 
 from .attention import ATTENTION_BACKENDS
 from .block import WNMTransformerBlock
+from .compilation import raise_recompile_limit
 from .config import WNMConfig
 from .context import WNMContext, _FeatureProjector
 from .rope import joint_sequence_rope
@@ -53,38 +54,6 @@ __all__ = [
 # are skipped (about half of one block's work). False runs the last block over all tokens, as before, so that a
 # benchmark can time both in one process; the outputs are the same either way.
 SKIP_UNREAD_OUTPUTS = True
-
-# Dynamo keeps its compiled graphs per code object, so every compiled model in a process shares one budget of
-# recompilations for ``WNMTransformerBlock.block_forward``: the rollout's graph (no grad), the update's (grad,
-# checkpointed or not), the last block's (outputs of the target tokens only), a context with and without a mask,
-# a new batch or context length (after which that size turns dynamic), and the FP8 rollout copy's graphs. That is
-# more than dynamo's default of 8, and past the limit dynamo runs the block eagerly for every new variant with
-# only a log warning: on an H100 the masked-context and FP8 forwards at batch 16 then took 756 and 1267 ms, their
-# eager times, where the compiled bf16 forward took 522 ms (session 32, scripts/bench_modulation.py). 64 leaves room
-# for all of them.
-MIN_BLOCK_RECOMPILE_LIMIT = 64
-
-
-def raise_recompile_limit(limit: int = MIN_BLOCK_RECOMPILE_LIMIT) -> None:
-    """Raises dynamo's per-code-object recompile limit to at least ``limit`` (never lowers it)."""
-    import torch._dynamo.config as dynamo_config
-
-    dynamo_config.recompile_limit = max(dynamo_config.recompile_limit, limit)
-    dynamo_config.accumulated_recompile_limit = max(dynamo_config.accumulated_recompile_limit, 4 * limit)
-
-
-def compiled_block_graphs() -> tuple[int, int]:
-    """``(graphs dynamo holds for WNMTransformerBlock.block_forward, dynamo's recompile limit)`` in this process.
-
-    At the limit, every further variant of the block runs eagerly; the trainer reports both numbers so that a run
-    which reaches it says so. ``_debug_get_cache_entry_list`` is private to dynamo, but it is the only per-function
-    count of compiled graphs it offers.
-    """
-    import torch._dynamo.config as dynamo_config
-    from torch._dynamo.eval_frame import _debug_get_cache_entry_list
-
-    return len(_debug_get_cache_entry_list(WNMTransformerBlock.block_forward.__code__)), dynamo_config.recompile_limit
-
 
 # In bf16/fp16, cross-attention runs over the attended context tokens only (WNMTransformer._cross_attention_context):
 # a prompt's padded text positions are dropped instead of masked. Real instructions fill a few dozen of the 512 text
@@ -114,29 +83,6 @@ def masked_mean(tokens: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor
     else:
         weights = mask.to(tokens.dtype)
     return (tokens * weights[..., None]).sum(1) / weights.sum(1, keepdim=True).clamp_min(1.0)
-
-
-def set_activation_memory_budget(budget: float | None) -> float:
-    """Sets inductor's activation memory budget for what this process compiles next; returns the previous value.
-
-    The budget is a process-wide setting of PyTorch's partitioner (``torch._functorch.config``), read when a
-    compiled graph's backward is first built, i.e. at the first backward after :meth:`WNMTransformer.compile_blocks`,
-    not at the ``compile_blocks`` call. A Ray actor worker compiles only its DiT, so it sets the budget and keeps
-    it; a benchmark that compiles several variants in one process restores the returned value after each.
-
-    Args:
-        budget: Fraction in (0, 1] of the activations to keep for the backward (the rest is recomputed); None
-            leaves the current setting.
-
-    Returns:
-        The setting before the call.
-    """
-    import torch._functorch.config as functorch_config
-
-    before = functorch_config.activation_memory_budget
-    if budget is not None:
-        functorch_config.activation_memory_budget = float(budget)
-    return before
 
 
 class WNMTransformer(nn.Module):

@@ -1,0 +1,62 @@
+"""Process-wide compile settings of the DiT's compiled blocks (``verl_omni.models.wnm.compilation``)."""
+
+from __future__ import annotations
+
+import torch
+from wnm_inputs import random_dit_inputs
+
+from verl_omni.models.wnm import WNMConfig, WNMTransformer
+from verl_omni.models.wnm.compilation import compiled_block_graphs
+
+
+def test_activation_memory_budget_sets_pytorchs_partitioner_setting_returns_the_old_one_and_null_leaves_it():
+    import torch._functorch.config as functorch_config
+
+    from verl_omni.models.wnm.compilation import set_activation_memory_budget
+
+    before = functorch_config.activation_memory_budget
+    try:
+        assert set_activation_memory_budget(None) == before
+        assert functorch_config.activation_memory_budget == before
+        assert set_activation_memory_budget(0.2) == before
+        assert functorch_config.activation_memory_budget == 0.2
+        assert set_activation_memory_budget(before) == 0.2  # how a caller compiling several variants restores it
+        assert functorch_config.activation_memory_budget == before
+    finally:
+        functorch_config.activation_memory_budget = before
+
+
+def test_compiled_blocks_keep_compiling_past_dynamos_default_recompile_limit(monkeypatch):
+    """Every compiled model in a process shares ``block_forward``'s recompile budget (dynamo's default is 8);
+    past it dynamo silently runs the block eagerly. Here 8 batch sizes x (all blocks, last block) = 16 graphs."""
+    import functools
+
+    import torch._dynamo as dynamo
+    import torch._dynamo.config as dynamo_config
+
+    # dynamo's graph capture and guards are what is tested, so the cheap "eager" backend stands in for inductor.
+    monkeypatch.setattr(torch, "compile", functools.partial(torch.compile, backend="eager"))
+    # fail_on_recompile_limit_hit: raise where dynamo would otherwise fall back to eager with a log warning.
+    with dynamo_config.patch(recompile_limit=8, accumulated_recompile_limit=256, fail_on_recompile_limit_hit=True):
+        dynamo.reset()
+        model = WNMTransformer(WNMConfig.from_size("tiny", num_layers=2)).eval()
+        model.compile_blocks(dynamic=False)  # static shapes: each batch size is a new graph
+        assert dynamo_config.recompile_limit == 64
+        with torch.no_grad():
+            for b in range(1, 9):
+                v, _ = model(*random_dit_inputs(model.config, b=b))
+                assert v.shape[0] == b
+        assert compiled_block_graphs() == (16, 64)  # what the trainer reports as compile/block_graphs
+    dynamo.reset()
+
+
+def test_raise_recompile_limit_never_lowers_it():
+    import torch._dynamo.config as dynamo_config
+
+    from verl_omni.models.wnm.compilation import raise_recompile_limit
+
+    with dynamo_config.patch(recompile_limit=100, accumulated_recompile_limit=1000):
+        raise_recompile_limit(64)
+        assert (dynamo_config.recompile_limit, dynamo_config.accumulated_recompile_limit) == (100, 1000)
+        raise_recompile_limit(200)
+        assert (dynamo_config.recompile_limit, dynamo_config.accumulated_recompile_limit) == (200, 1000)
