@@ -75,8 +75,14 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     if args.compile_mode is not None and not args.compiled:
         p.error("--compile-mode needs --compiled")
-    if args.fp8_groups is not None and not (args.fp8 and args.compiled):
-        p.error("--fp8-groups needs --fp8 and --compiled")
+    if args.fp8_groups is not None:
+        from verl_omni.models.wnm.fp8 import LAYER_GROUPS
+
+        groups = [g.strip() for g in args.fp8_groups.split(",") if g.strip()]
+        if not (args.fp8 and args.compiled):
+            p.error("--fp8-groups needs --fp8 and --compiled")
+        if not groups or set(groups) - set(LAYER_GROUPS):
+            p.error(f"--fp8-groups must be comma-separated names from {sorted(LAYER_GROUPS)}, got {args.fp8_groups!r}")
     if not torch.cuda.is_available():
         raise SystemExit("bench_modulation.py needs a CUDA device")
     from verl_omni.models.wnm import WNMConfig
@@ -85,6 +91,8 @@ def main(argv=None) -> int:
 
     device, dtype = torch.device("cuda"), torch.bfloat16
     cfg = WNMConfig.from_size(args.size)
+    if args.text_valid is not None and not 1 <= args.text_valid <= cfg.text_max_length:
+        p.error(f"--text-valid must be in [1, {cfg.text_max_length}] for size {args.size}, got {args.text_valid}")
     ours = build_ours(cfg, device, dtype)
     anchor = wan_anchor(cfg, device, dtype, text_dim=cfg.text_dim)
     ours_compiled = anchor_compiled = None
@@ -109,7 +117,7 @@ def main(argv=None) -> int:
             fp8_compiled.compile_blocks()
     fp8_some = None
     if args.fp8_groups is not None:
-        fp8_some = float8_rollout_copy(ours, groups=args.fp8_groups.split(","))
+        fp8_some = float8_rollout_copy(ours, groups=[g.strip() for g in args.fp8_groups.split(",") if g.strip()])
         fp8_some.compile_blocks()
     print(f"size {cfg.size}, bf16, torch {torch.__version__}, {torch.cuda.get_device_name(device)}")
     print(f"{'batch':>5}  {'model':<48}{'ms':>9}{'x d.eager':>11}{'x d.comp':>10}")

@@ -156,8 +156,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     for name in ("num_steps", "window_size", "micro_batch", "ckpt_micro_batch", "iters", "text_tokens"):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
-    if args.fp8_groups is not None and "fp8" not in _csv(args.group_variants):
-        p.error("--fp8-groups needs fp8 in --group-variants")
+    if args.fp8_groups is not None:
+        from verl_omni.models.wnm.fp8 import LAYER_GROUPS
+
+        if "fp8" not in _csv(args.group_variants):
+            p.error("--fp8-groups needs fp8 in --group-variants")
+        if not _csv(args.fp8_groups) or set(_csv(args.fp8_groups)) - set(LAYER_GROUPS):
+            p.error(f"--fp8-groups must be comma-separated names from {sorted(LAYER_GROUPS)}, got {args.fp8_groups!r}")
     if args.text_valid is not None and args.text_valid < 1:
         p.error(f"--text-valid must be >= 1, got {args.text_valid}")
     if args.warmup < 0 or not 0 <= args.window_start <= args.num_steps - 1 - args.window_size:
@@ -526,7 +531,7 @@ def bench_group(cfg, args, device, dtype, ours, ours_compiled, ours_isolated, pe
         from verl_omni.models.wnm.fp8 import float8_rollout_copy
 
         suffix = ", compiled" if args.compile else ""
-        for groups in [None] + ([args.fp8_groups.split(",")] if args.fp8_groups else []):
+        for groups in [None] + ([_csv(args.fp8_groups)] if args.fp8_groups else []):
             fp8 = float8_rollout_copy(ours, groups=groups)
             if args.compile:
                 fp8.compile_blocks()
@@ -904,6 +909,10 @@ def main(argv=None) -> int:
         cfg = WNMConfig.from_size(args.size)
     except ValueError as e:
         print(f"error: --size: {e}", file=sys.stderr)
+        return 2
+    if args.text_valid is not None and args.text_valid > cfg.text_max_length:
+        print(f"error: --text-valid {args.text_valid}: size {args.size} has {cfg.text_max_length} text positions",
+              file=sys.stderr)  # fmt: skip
         return 2
     too_deep = [n for n in args.ckpt_block_counts if n is not None and n > cfg.num_layers]
     if too_deep:

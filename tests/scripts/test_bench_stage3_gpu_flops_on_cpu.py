@@ -68,3 +68,25 @@ def test_isolated_forward_flops_by_hand(bench):
 
     # linear 2*20*3 = 120; self-attention 4*3*(4+3)*2 = 168; cross-attention 4*3*5*2 = 120.
     assert bench["isolated_forward_flops"](20, 1, Cfg) == 120 + 168 + 120
+
+
+def test_text_valid_context_masks_the_padded_text_and_flops_count_the_attended_tokens(bench):
+    cfg = WNMConfig.from_size("tiny")  # 32 text positions first in the context
+    args = bench["parse_args"](["--device", "cpu", "--size", "tiny", "--text-valid", "5"])
+    ctx = bench["group_context"](cfg, args, torch.device("cpu"), torch.float32)
+    assert ctx.encoder_mask[0, :5].all() and not ctx.encoder_mask[0, 5:32].any() and ctx.encoder_mask[0, 32:].all()
+    assert bench["attended_tokens"](ctx) == cfg.context_tokens - 27
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--group-variants", "fp8", "--fp8-groups", "nope"], "--fp8-groups must be comma-separated names"),
+        (["--group-variants", "eager", "--fp8-groups", "attention"], "--fp8-groups needs fp8"),
+        (["--text-valid", "0"], "--text-valid must be >= 1"),
+    ],
+)
+def test_bad_fp8_groups_and_text_valid_are_refused_by_name(bench, argv, message, capsys):
+    with pytest.raises(SystemExit):
+        bench["parse_args"](["--device", "cpu", *argv])
+    assert message in capsys.readouterr().err
