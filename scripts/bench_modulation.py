@@ -9,7 +9,10 @@ the anchor, at the dims of ``scripts/bench_stage3_gpu.py``:
 - fp32 norms: the LayerNorms on an fp32 copy as diffusers' ``FP32LayerNorm`` does (session 17's block);
 - mul + add: that, and the modulation as a mul into an fp32 temporary then an add (the block before it);
 - last block over all tokens: the default block, but the last block also computes the history tokens' outputs,
-  which the heads never read (``transformer.SKIP_UNREAD_OUTPUTS = False``, the forward before session 30).
+  which the heads never read (``transformer.SKIP_UNREAD_OUTPUTS = False``, the forward before session 30);
+- separate GELU kernel / separate q/k/v products: the default block without the feed-forward's GELU in the GEMM
+  epilogue (``block.GELU_EPILOGUE = False``) or without the stacked q/k/v product (``attention.FUSED_QKV =
+  False``), eager and (with ``--compiled``) compiled, and compiled without both (session 32's forward).
 
 With ``--compile-mode M`` both models are also timed compiled in that ``torch.compile`` mode; with ``--fp8-groups``
 an FP8 copy of only those layer groups is timed too. With ``--current-only``
@@ -72,6 +75,12 @@ def main(argv=None) -> int:
         action="store_true",
         help="leave out the earlier forms already settled (fp32 norms, mul + add, last block over all tokens)",
     )
+    p.add_argument(
+        "--drop",
+        default="",
+        help="comma-separated name fragments: rows of our model whose name contains one are not timed (the anchors "
+        "always are), e.g. 'masked,eager,' to time only compiled rows within a device call's time",
+    )
     args = p.parse_args(argv)
     if args.compile_mode is not None and not args.compiled:
         p.error("--compile-mode needs --compiled")
@@ -86,10 +95,16 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available():
         raise SystemExit("bench_modulation.py needs a CUDA device")
     from verl_omni.models.wnm import WNMConfig
+    from verl_omni.models.wnm import attention as wnm_attention
     from verl_omni.models.wnm import block as wnm_block
     from verl_omni.models.wnm import transformer as wnm_transformer
 
     device, dtype = torch.device("cuda"), torch.bfloat16
+    drop = [f for f in args.drop.split(",") if f]
+
+    def dropped(name: str) -> bool:
+        return name.startswith("WNM") and any(f in name for f in drop)
+
     cfg = WNMConfig.from_size(args.size)
     if args.text_valid is not None and not 1 <= args.text_valid <= cfg.text_max_length:
         p.error(f"--text-valid must be in [1, {cfg.text_max_length}] for size {args.size}, got {args.text_valid}")
@@ -130,14 +145,25 @@ def main(argv=None) -> int:
             ours_args = (*ours_args[:3], type(ctx)(ctx.history_latents, ctx.encoder_tokens, mask))
 
         @torch.no_grad()
-        def run_ours(norm: bool, fused: bool, skip: bool = True, model=ours, ours_args=ours_args, compact=True):
+        def run_ours(
+            norm: bool,
+            fused: bool,
+            skip: bool = True,
+            model=ours,
+            ours_args=ours_args,
+            compact=True,
+            gelu_epilogue=True,
+            fused_qkv=True,
+        ):
             wnm_block.LOW_PRECISION_NORM, wnm_block.LOW_PRECISION_ADDCMUL = norm, fused
             wnm_transformer.SKIP_UNREAD_OUTPUTS, wnm_transformer.COMPACT_CONTEXT = skip, compact
+            wnm_block.GELU_EPILOGUE, wnm_attention.FUSED_QKV = gelu_epilogue, fused_qkv
             try:
                 return model(*ours_args)
             finally:
                 wnm_block.LOW_PRECISION_NORM, wnm_block.LOW_PRECISION_ADDCMUL = True, True
                 wnm_transformer.SKIP_UNREAD_OUTPUTS, wnm_transformer.COMPACT_CONTEXT = True, True
+                wnm_block.GELU_EPILOGUE, wnm_attention.FUSED_QKV = True, True
 
         @torch.no_grad()
         def run_anchor(model=anchor, anchor_args=anchor_args):
@@ -148,13 +174,19 @@ def main(argv=None) -> int:
             v_norm = run_ours(False, True)[0].float()
             v_old = run_ours(False, False)[0].float()
             v_all = run_ours(True, True, False)[0].float()
+            v_two_kernel = run_ours(True, True, gelu_epilogue=False, fused_qkv=False)[0].float()
         diffs = {
+            "now vs GEMM + GELU kernel and separate q/k/v products": float(
+                (v_now - v_two_kernel).norm() / v_two_kernel.norm()
+            ),
             "now vs fp32 norms": float((v_now - v_norm).norm() / v_norm.norm()),
             "fp32 norms vs mul + add": float((v_norm - v_old).norm() / v_old.norm()),
             "now vs last block over all tokens": float((v_now - v_all).norm() / v_all.norm()),
         }
         entries = {
             "WNM eager, bf16 norms + addcmul (now)": lambda f=run_ours: f(True, True),
+            "WNM eager, separate GELU kernel": lambda f=run_ours: f(True, True, gelu_epilogue=False),
+            "WNM eager, separate q/k/v products": lambda f=run_ours: f(True, True, fused_qkv=False),
             "WNM eager, last block over all tokens": lambda f=run_ours: f(True, True, False),
             "WNM eager, fp32 norms + addcmul": lambda f=run_ours: f(False, True),
             "WNM eager, fp32 norms + mul + add": lambda f=run_ours: f(False, False),
@@ -163,6 +195,15 @@ def main(argv=None) -> int:
         if args.compiled:
             entries.update({
                 "WNM compiled (now)": lambda f=run_ours: f(True, True, True, ours_compiled),
+                "WNM compiled, separate GELU kernel": lambda f=run_ours: f(
+                    True, True, True, ours_compiled, gelu_epilogue=False
+                ),
+                "WNM compiled, separate q/k/v products": lambda f=run_ours: f(
+                    True, True, True, ours_compiled, fused_qkv=False
+                ),
+                "WNM compiled, neither (session 32)": lambda f=run_ours: f(
+                    True, True, True, ours_compiled, gelu_epilogue=False, fused_qkv=False
+                ),
                 "WNM compiled, last block over all tokens": lambda f=run_ours: f(True, True, False, ours_compiled),
                 "diffusers compiled": lambda f=run_anchor: f(anchor_compiled),
             })  # fmt: skip
@@ -174,24 +215,27 @@ def main(argv=None) -> int:
         if args.current_only:
             for name in [n for n in entries if "fp32 norms" in n or "last block over all" in n]:
                 del entries[name]
+        for name in [n for n in entries if dropped(n)]:
+            del entries[name]
         for name in [n for n in entries if "compiled" in n]:
             entries[name]()  # compiles outside the timed rounds (masked and FP8 rows compile below)
-        if args.text_valid is not None:
+        if args.text_valid is not None and not dropped("WNM eager, masked context (before)"):
             entries["WNM eager, masked context (before)"] = lambda f=run_ours: f(True, True, compact=False)
             with torch.no_grad():
                 v_masked = run_ours(True, True, compact=False)[0].float()
             diffs["compacted vs masked context"] = float((v_now - v_masked).norm() / v_masked.norm())
-            if args.compiled:
+            if args.compiled and not dropped("WNM compiled, masked context (before)"):
                 entries["WNM compiled, masked context (before)"] = lambda f=run_ours: f(
                     True, True, True, ours_compiled, compact=False
                 )
                 entries["WNM compiled, masked context (before)"]()  # compiles outside the timed rounds
         if fp8 is not None:
-            entries["WNM eager, FP8 linears"] = lambda f=run_ours: f(True, True, True, fp8)
+            if not dropped("WNM eager, FP8 linears"):
+                entries["WNM eager, FP8 linears"] = lambda f=run_ours: f(True, True, True, fp8)
             with torch.no_grad():
                 v_fp8 = run_ours(True, True, True, fp8)[0].float()
             diffs["FP8 linears vs now (bf16)"] = float((v_fp8 - v_now).norm() / v_now.norm())
-            if fp8_compiled is not None:
+            if fp8_compiled is not None and not dropped("WNM compiled, FP8 linears"):
                 entries["WNM compiled, FP8 linears"] = lambda f=run_ours: f(True, True, True, fp8_compiled)
                 entries["WNM compiled, FP8 linears"]()  # compiles outside the timed rounds
             if fp8_some is not None:

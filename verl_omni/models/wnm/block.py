@@ -18,6 +18,9 @@ LOW_PRECISION_ADDCMUL = True
 # Eager inference with low-precision activations runs the block's LayerNorms on the activations in their own dtype
 # (see _layer_norm); False restores the fp32 copy that diffusers' FP32LayerNorm makes, for the same benchmark.
 LOW_PRECISION_NORM = True
+# Inference on CUDA computes the feed-forward's first product with its bias and tanh GELU in cuBLASLt's GEMM
+# epilogue (see _feed_forward); False restores the GEMM followed by a separate GELU pass, for the same benchmark.
+GELU_EPILOGUE = True
 
 
 def _slow_path() -> bool:
@@ -137,6 +140,45 @@ def _gate(
     return out
 
 
+def _feed_forward(ffn: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """``ffn(x)``: diffusers' ``FeedForward`` (tanh GELU) of ``x [B, S, D]``, with the GELU in the GEMM on CUDA.
+
+    Why: the feed-forward's hidden activation ``[B, S, ffn_dim]`` is the block's widest tensor (5.8x the model
+    width at Wan sizes). As a GEMM followed by a GELU kernel it is written, read and written again; inductor cannot
+    fuse a pointwise op into cuBLAS's GEMM. ``torch._addmm_activation(..., use_gelu=True)`` has cuBLASLt apply the
+    bias and the tanh GELU in the GEMM's epilogue, on the fp32 accumulator, so the activation is stored once, with
+    one bf16 rounding fewer than the two-kernel form. Inductor keeps the op as an ATen call, so compiled blocks get
+    it too.
+
+    Only where it computes the same function: inference (the op has no autograd formula, so training keeps the
+    two-kernel form), CUDA (PyTorch's CPU kernel computes the exact GELU instead of the tanh form), a plain
+    ``nn.Linear`` whose weight shares ``x``'s low-precision dtype (not the FP8 copy's ``Float8Linear``, not
+    autocast), and a GELU module with ``approximate="tanh"``. Everything else runs ``ffn(x)`` unchanged.
+
+    Returns:
+        ``[B, S, D]`` in ``x``'s dtype.
+    """
+    act = ffn.net[0]
+    proj = getattr(act, "proj", None)
+    fused = (
+        GELU_EPILOGUE
+        and not torch.is_grad_enabled()
+        and x.is_cuda
+        and x.dtype in (torch.bfloat16, torch.float16)
+        and type(proj) is torch.nn.Linear
+        and proj.bias is not None
+        and proj.weight.dtype == x.dtype
+        and getattr(act, "approximate", None) == "tanh"
+    )
+    if not fused:
+        return ffn(x)
+    hidden = torch._addmm_activation(proj.bias, x.flatten(0, -2), proj.weight.t(), use_gelu=True)
+    hidden = hidden.unflatten(0, x.shape[:-1])
+    for layer in ffn.net[1:]:  # dropout (identity at inference), the output projection
+        hidden = layer(hidden)
+    return hidden
+
+
 def _groups_from(lengths: list[int] | None, start: int, seq_len: int) -> tuple[list[int] | None, int]:
     """The modulation groups of tokens ``start:`` of a sequence of ``seq_len`` tokens.
 
@@ -249,6 +291,6 @@ class WNMTransformerBlock(WanTransformerBlock):
 
         # 3. Feed-forward.
         normed = _modulate(_layer_norm(self.norm3, hidden_states), c_scale_msa, c_shift_msa, kept_lengths, dtype)
-        ff_output = self.ffn(normed)
+        ff_output = _feed_forward(self.ffn, normed)
         hidden_states = _gate(hidden_states, ff_output, c_gate_msa, kept_lengths, encoder_hidden_states.dtype)
         return (hidden_states, kv) if return_kv else hidden_states

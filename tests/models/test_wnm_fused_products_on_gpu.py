@@ -1,0 +1,76 @@
+"""The block's inference-only fused products on CUDA (skipped elsewhere): the feed-forward's GELU in the GEMM
+epilogue (``block._feed_forward``) and the stacked q/k/v product (``attention._qkv``).
+
+Expected values come from float64 arithmetic written out here (``gelu_tanh`` by its formula), not from the code
+under test; the whole model with both fusions is compared with the model without them.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from diffusers.models.attention import FeedForward
+from wnm_inputs import random_dit_inputs
+
+from verl_omni.models.wnm import WNMConfig, WNMTransformer
+from verl_omni.models.wnm import attention as wnm_attention
+from verl_omni.models.wnm import block as wnm_block
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+def _rel(a, b):
+    return float((a.double() - b.double()).norm() / b.double().norm())
+
+
+def _gelu_tanh(z: torch.Tensor) -> torch.Tensor:
+    return 0.5 * z * (1 + torch.tanh(math.sqrt(2 / math.pi) * (z + 0.044715 * z**3)))
+
+
+@torch.no_grad()
+def test_gelu_epilogue_is_the_tanh_gelu_of_the_product_in_bf16():
+    torch.manual_seed(0)
+    ffn = FeedForward(256, inner_dim=1024, activation_fn="gelu-approximate").cuda().to(torch.bfloat16)
+    x = torch.randn(3, 50, 256, device="cuda", dtype=torch.bfloat16)
+    proj, out = ffn.net[0].proj, ffn.net[2]
+    hidden = _gelu_tanh(x.double() @ proj.weight.double().t() + proj.bias.double())
+    want = hidden.to(torch.bfloat16).double() @ out.weight.double().t() + out.bias.double()
+    got = wnm_block._feed_forward(ffn, x)
+    assert got.dtype == torch.bfloat16 and got.shape == (3, 50, 256)
+    assert _rel(got, want) < 1e-2
+    assert _rel(got, ffn(x)) < 1e-2  # the two-kernel form rounds the product to bf16 once more
+
+
+@torch.no_grad()
+def test_stacked_qkv_equals_the_three_products_in_bf16():
+    torch.manual_seed(0)
+    model = WNMTransformer(WNMConfig.from_size("tiny", num_layers=1)).cuda().to(torch.bfloat16)
+    attn = model.blocks[0].attn1
+    x = torch.randn(2, 40, model.config.dim, device="cuda", dtype=torch.bfloat16)
+    for got, layer in zip(wnm_attention._qkv(attn, x), (attn.to_q, attn.to_k, attn.to_v), strict=True):
+        want = x.double() @ layer.weight.double().t() + layer.bias.double()
+        assert got.shape == (2, 40, model.config.dim)
+        assert _rel(got, want) < 1e-2
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+@torch.no_grad()
+def test_model_with_the_fusions_stays_near_the_model_without(compiled, monkeypatch):
+    torch.manual_seed(0)
+    model = WNMTransformer(WNMConfig.from_size("tiny", num_layers=2)).cuda().to(torch.bfloat16).eval()
+    if compiled:
+        model.compile_blocks()
+    x, a, s, ctx = random_dit_inputs(model.config, b=3)
+    ctx = type(ctx)(
+        ctx.history_latents.cuda().bfloat16(), ctx.encoder_tokens.cuda().bfloat16(), ctx.encoder_mask.cuda()
+    )
+    inputs = (x.cuda().bfloat16(), a.cuda().bfloat16(), s.cuda(), ctx)
+    fused = model(*inputs)
+    monkeypatch.setattr(wnm_block, "GELU_EPILOGUE", False)
+    monkeypatch.setattr(wnm_attention, "FUSED_QKV", False)
+    plain = model(*inputs)
+    for f, p in zip(fused, plain, strict=True):
+        assert torch.isfinite(f).all()
+        assert _rel(f, p) < 2e-2  # bf16 rounding only
