@@ -10,9 +10,8 @@ the anchor, at the dims of ``scripts/bench_stage3_gpu.py``:
 - mul + add: that, and the modulation as a mul into an fp32 temporary then an add (the block before it);
 - last block over all tokens: the default block, but the last block also computes the history tokens' outputs,
   which the heads never read (``transformer.SKIP_UNREAD_OUTPUTS = False``, the forward before session 30);
-- separate GELU kernel / separate q/k/v products: the default block without the feed-forward's GELU in the GEMM
-  epilogue (``block.GELU_EPILOGUE = False``) or without the stacked q/k/v product (``attention.FUSED_QKV =
-  False``), eager and (with ``--compiled``) compiled, and compiled without both (session 32's forward).
+- separate GELU kernel: the default block without the feed-forward's GELU in the GEMM epilogue
+  (``block.GELU_EPILOGUE = False``, the forward before session 33), eager and (with ``--compiled``) compiled.
 
 With ``--compile-mode M`` both models are also timed compiled in that ``torch.compile`` mode; with ``--fp8-groups``
 an FP8 copy of only those layer groups is timed too. With ``--current-only``
@@ -95,7 +94,6 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available():
         raise SystemExit("bench_modulation.py needs a CUDA device")
     from verl_omni.models.wnm import WNMConfig
-    from verl_omni.models.wnm import attention as wnm_attention
     from verl_omni.models.wnm import block as wnm_block
     from verl_omni.models.wnm import transformer as wnm_transformer
 
@@ -153,17 +151,16 @@ def main(argv=None) -> int:
             ours_args=ours_args,
             compact=True,
             gelu_epilogue=True,
-            fused_qkv=True,
         ):
             wnm_block.LOW_PRECISION_NORM, wnm_block.LOW_PRECISION_ADDCMUL = norm, fused
             wnm_transformer.SKIP_UNREAD_OUTPUTS, wnm_transformer.COMPACT_CONTEXT = skip, compact
-            wnm_block.GELU_EPILOGUE, wnm_attention.FUSED_QKV = gelu_epilogue, fused_qkv
+            wnm_block.GELU_EPILOGUE = gelu_epilogue
             try:
                 return model(*ours_args)
             finally:
                 wnm_block.LOW_PRECISION_NORM, wnm_block.LOW_PRECISION_ADDCMUL = True, True
                 wnm_transformer.SKIP_UNREAD_OUTPUTS, wnm_transformer.COMPACT_CONTEXT = True, True
-                wnm_block.GELU_EPILOGUE, wnm_attention.FUSED_QKV = True, True
+                wnm_block.GELU_EPILOGUE = True
 
         @torch.no_grad()
         def run_anchor(model=anchor, anchor_args=anchor_args):
@@ -174,11 +171,9 @@ def main(argv=None) -> int:
             v_norm = run_ours(False, True)[0].float()
             v_old = run_ours(False, False)[0].float()
             v_all = run_ours(True, True, False)[0].float()
-            v_two_kernel = run_ours(True, True, gelu_epilogue=False, fused_qkv=False)[0].float()
+            v_two_kernel = run_ours(True, True, gelu_epilogue=False)[0].float()
         diffs = {
-            "now vs GEMM + GELU kernel and separate q/k/v products": float(
-                (v_now - v_two_kernel).norm() / v_two_kernel.norm()
-            ),
+            "now vs GEMM + separate GELU kernel": float((v_now - v_two_kernel).norm() / v_two_kernel.norm()),
             "now vs fp32 norms": float((v_now - v_norm).norm() / v_norm.norm()),
             "fp32 norms vs mul + add": float((v_norm - v_old).norm() / v_old.norm()),
             "now vs last block over all tokens": float((v_now - v_all).norm() / v_all.norm()),
@@ -186,7 +181,6 @@ def main(argv=None) -> int:
         entries = {
             "WNM eager, bf16 norms + addcmul (now)": lambda f=run_ours: f(True, True),
             "WNM eager, separate GELU kernel": lambda f=run_ours: f(True, True, gelu_epilogue=False),
-            "WNM eager, separate q/k/v products": lambda f=run_ours: f(True, True, fused_qkv=False),
             "WNM eager, last block over all tokens": lambda f=run_ours: f(True, True, False),
             "WNM eager, fp32 norms + addcmul": lambda f=run_ours: f(False, True),
             "WNM eager, fp32 norms + mul + add": lambda f=run_ours: f(False, False),
@@ -197,12 +191,6 @@ def main(argv=None) -> int:
                 "WNM compiled (now)": lambda f=run_ours: f(True, True, True, ours_compiled),
                 "WNM compiled, separate GELU kernel": lambda f=run_ours: f(
                     True, True, True, ours_compiled, gelu_epilogue=False
-                ),
-                "WNM compiled, separate q/k/v products": lambda f=run_ours: f(
-                    True, True, True, ours_compiled, fused_qkv=False
-                ),
-                "WNM compiled, neither (session 32)": lambda f=run_ours: f(
-                    True, True, True, ours_compiled, gelu_epilogue=False, fused_qkv=False
                 ),
                 "WNM compiled, last block over all tokens": lambda f=run_ours: f(True, True, False, ours_compiled),
                 "diffusers compiled": lambda f=run_anchor: f(anchor_compiled),

@@ -75,8 +75,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument(
         "--group-variants",
         default="eager-unshared,eager,compiled,isolated",
-        help="(b) variants to time: eager-unshared, eager, compiled, compiled-unfused (without the inference-only "
-        "fused GELU epilogue and q/k/v product), isolated, fp8 (the opt-in FP8 rollout copy, "
+        help="(b) variants to time: eager-unshared, eager, compiled, compiled-no-epilogue (the feed-forward's GELU "
+        "as a kernel of its own, not in the GEMM's epilogue), isolated, fp8 (the opt-in FP8 rollout copy, "
         "compiled with --compile; its log-prob drift from the bf16 model is reported beside the bf16 control)",
     )
     p.add_argument(
@@ -150,7 +150,7 @@ def parse_args(argv=None) -> argparse.Namespace:
         p.error(f"--skip: unknown part(s) {sorted(unknown)}; choose from a, check, ode, b, c")
     if args.attention not in ("default", "cudnn", "both"):
         p.error(f"--attention must be default, cudnn or both, got {args.attention!r}")
-    group_variants = {"eager-unshared", "eager", "compiled", "compiled-unfused", "isolated", "fp8"}
+    group_variants = {"eager-unshared", "eager", "compiled", "compiled-no-epilogue", "isolated", "fp8"}
     bad = set(_csv(args.group_variants)) - group_variants
     bad |= set(_csv(args.train_variants)) - {"eager", "compiled"}
     if bad:
@@ -527,7 +527,7 @@ def bench_group(cfg, args, device, dtype, ours, ours_compiled, ours_isolated, pe
     variants = [("eager, no prefix sharing", ours, False, "eager-unshared"), ("eager", ours, True, "eager")]
     if ours_compiled is not None:
         variants.append(("compiled", ours_compiled, True, "compiled"))
-        variants.append(("compiled, unfused products", ours_compiled, True, "compiled-unfused"))
+        variants.append(("compiled, separate GELU kernel", ours_compiled, True, "compiled-no-epilogue"))
     if ours_isolated is not None:
         variants.append(("isolated history", ours_isolated, True, "isolated"))
     if "fp8" in wanted:
@@ -547,7 +547,7 @@ def bench_group(cfg, args, device, dtype, ours, ours_compiled, ours_isolated, pe
         backend = backend_for(cfg, model, sampler, device, args.dtype, share)
         dit_rows = 16 * k if not share else 4 * s0 + 16 * (k - s0)
         reset_peak(device)
-        with unfused_products(key == "compiled-unfused"):
+        with without_gelu_epilogue(key == "compiled-no-epilogue"):
             t = median_time(lambda backend=backend: backend.generate(reqs, ctx), device, 1, max(2, args.iters // 2))
         # The isolated model's per-step forward is smaller (its history runs once per prompt, not counted here).
         fl = (isolated_forward_flops(n_block, 1, cfg) if key == "isolated" else per_row) * dit_rows
@@ -570,19 +570,17 @@ def bench_group(cfg, args, device, dtype, ours, ours_compiled, ours_isolated, pe
 
 
 @contextlib.contextmanager
-def unfused_products(on: bool):
-    """With ``on``, the block's inference-only fused products are off (the GEMM then a GELU kernel, three q/k/v
-    products: the forward before session 33), so that one process times the group both ways."""
-    from verl_omni.models.wnm import attention as wnm_attention
+def without_gelu_epilogue(on: bool):
+    """With ``on``, the feed-forward's GELU runs as a kernel of its own after the GEMM (``block.GELU_EPILOGUE``
+    off: the forward before session 33), so that one process times the group both ways."""
     from verl_omni.models.wnm import block as wnm_block
 
-    saved = wnm_block.GELU_EPILOGUE, wnm_attention.FUSED_QKV
-    if on:
-        wnm_block.GELU_EPILOGUE = wnm_attention.FUSED_QKV = False
+    saved = wnm_block.GELU_EPILOGUE
+    wnm_block.GELU_EPILOGUE = saved and not on
     try:
         yield
     finally:
-        wnm_block.GELU_EPILOGUE, wnm_attention.FUSED_QKV = saved
+        wnm_block.GELU_EPILOGUE = saved
 
 
 def logp_drift(results, ctx, reference, backend, dtype) -> dict:

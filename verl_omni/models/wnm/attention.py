@@ -58,37 +58,6 @@ def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Te
     return out.transpose(1, 2).flatten(2, 3).type_as(q)
 
 
-# Inference on CUDA computes self-attention's query, key and value projections as one GEMM against the stacked
-# weights (see _qkv); False restores three GEMMs, so that a benchmark can time both in one process.
-FUSED_QKV = True
-
-
-def _qkv(attn, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The query, key and value projections of ``x [B, S, D]``, each ``[B, S, D]``, before the q/k norms.
-
-    Why one GEMM: the three products read the same ``x``; stacked into ``[3D, D]`` they read it once and give
-    cuBLAS one wider product. The stacked weight is built on every call (``3 D^2`` elements, a few microseconds)
-    rather than cached, because the rollout's weights are replaced in place after every update. Only in CUDA
-    inference with low-precision activations and plain ``nn.Linear`` projections in their dtype (not the FP8
-    copy, not autocast, not training: the stacked copy would put a concatenation into the backward; not fp32,
-    whose bits stay those of the three products); otherwise three ``nn.Linear`` calls.
-    The GEMM may pick another kernel than the three products, so results agree to the activation dtype's rounding.
-    """
-    layers = (attn.to_q, attn.to_k, attn.to_v)
-    fused = (
-        FUSED_QKV
-        and not torch.is_grad_enabled()
-        and x.is_cuda
-        and x.dtype in (torch.bfloat16, torch.float16)
-        and all(type(m) is torch.nn.Linear and m.bias is not None and m.weight.dtype == x.dtype for m in layers)
-    )
-    if not fused:
-        return tuple(m(x) for m in layers)
-    weight = torch.cat([m.weight for m in layers])
-    bias = torch.cat([m.bias for m in layers])
-    return F.linear(x, weight, bias).split([m.out_features for m in layers], dim=-1)
-
-
 def _self_attention(
     attn,
     x: torch.Tensor,
@@ -109,13 +78,10 @@ def _self_attention(
     Returns:
         ``(output [B, S - queries_from, D], (key, value) [B, S, heads, head_dim])``.
     """
-    if queries_from == 0:
-        q, k, v = _qkv(attn, x)
-    else:  # the queries of fewer tokens than the keys: separate products
-        q, k, v = attn.to_q(x[:, queries_from:]), attn.to_k(x), attn.to_v(x)
-    q = _qk_norm(attn.norm_q, q).unflatten(2, (attn.heads, -1))
-    k = _qk_norm(attn.norm_k, k).unflatten(2, (attn.heads, -1))
-    v = v.unflatten(2, (attn.heads, -1))
+    xq = x if queries_from == 0 else x[:, queries_from:]
+    q = _qk_norm(attn.norm_q, attn.to_q(xq)).unflatten(2, (attn.heads, -1))
+    k = _qk_norm(attn.norm_k, attn.to_k(x)).unflatten(2, (attn.heads, -1))
+    v = attn.to_v(x).unflatten(2, (attn.heads, -1))
     q_rope = rotary_emb if queries_from == 0 else tuple(r[:, queries_from:] for r in rotary_emb)
     q, k = _apply_rope(q, *q_rope), _apply_rope(k, *rotary_emb)
     keys, values = (k, v) if prefix_kv is None else (torch.cat([prefix_kv[0], k], 1), torch.cat([prefix_kv[1], v], 1))

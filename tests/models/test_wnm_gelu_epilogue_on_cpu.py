@@ -1,0 +1,24 @@
+"""Where the feed-forward's GELU epilogue must not run: off CUDA (fp32 and bf16) and under autograd.
+
+PyTorch's CPU ``_addmm_activation`` computes the exact GELU, not Wan's tanh form, and the op has no autograd
+formula, so these paths must be exactly the diffusers module (bit for bit). The CUDA path itself is checked in
+``test_wnm_gelu_epilogue_on_gpu.py``, with the CUDA fp32 path that must stay unchanged.
+"""
+
+from __future__ import annotations
+
+import torch
+from diffusers.models.attention import FeedForward
+
+from verl_omni.models.wnm import block as wnm_block
+
+
+def test_feed_forward_off_cuda_is_the_module_bit_for_bit():
+    torch.manual_seed(0)
+    for dtype in (torch.float32, torch.bfloat16):
+        ffn = FeedForward(32, inner_dim=96, activation_fn="gelu-approximate").to(dtype)
+        x = torch.randn(2, 7, 32, dtype=dtype)
+        with torch.no_grad():
+            assert torch.equal(wnm_block._feed_forward(ffn, x), ffn(x))
+        got = wnm_block._feed_forward(ffn, x.requires_grad_())
+        assert got.grad_fn is not None and torch.equal(got, ffn(x))
