@@ -11,7 +11,7 @@ the anchor, at the dims of ``scripts/bench_stage3_gpu.py``:
 - last block over all tokens: the default block, but the last block also computes the history tokens' outputs,
   which the heads never read (``transformer.SKIP_UNREAD_OUTPUTS = False``, the forward before session 30);
 - separate GELU kernel: the default block without the feed-forward's GELU in the GEMM epilogue
-  (``block.GELU_EPILOGUE = False``, the forward before session 33), eager and (with ``--compiled``) compiled.
+  (``WNMTransformer.gelu_epilogue = False``, the forward before session 33), eager and (with ``--compiled``) compiled.
 
 With ``--compile-mode M`` both models are also timed compiled in that ``torch.compile`` mode; with ``--fp8-groups``
 an FP8 copy of only those layer groups is timed too. With ``--current-only``
@@ -154,13 +154,13 @@ def main(argv=None) -> int:
         ):
             wnm_block.LOW_PRECISION_NORM, wnm_block.LOW_PRECISION_ADDCMUL = norm, fused
             wnm_transformer.SKIP_UNREAD_OUTPUTS, wnm_transformer.COMPACT_CONTEXT = skip, compact
-            wnm_block.GELU_EPILOGUE = gelu_epilogue
+            model.gelu_epilogue = gelu_epilogue
             try:
                 return model(*ours_args)
             finally:
                 wnm_block.LOW_PRECISION_NORM, wnm_block.LOW_PRECISION_ADDCMUL = True, True
                 wnm_transformer.SKIP_UNREAD_OUTPUTS, wnm_transformer.COMPACT_CONTEXT = True, True
-                wnm_block.GELU_EPILOGUE = True
+                model.gelu_epilogue = True
 
         @torch.no_grad()
         def run_anchor(model=anchor, anchor_args=anchor_args):

@@ -547,7 +547,7 @@ def bench_group(cfg, args, device, dtype, ours, ours_compiled, ours_isolated, pe
         backend = backend_for(cfg, model, sampler, device, args.dtype, share)
         dit_rows = 16 * k if not share else 4 * s0 + 16 * (k - s0)
         reset_peak(device)
-        with without_gelu_epilogue(key == "compiled-no-epilogue"):
+        with without_gelu_epilogue(model, key == "compiled-no-epilogue"):
             t = median_time(lambda backend=backend: backend.generate(reqs, ctx), device, 1, max(2, args.iters // 2))
         # The isolated model's per-step forward is smaller (its history runs once per prompt, not counted here).
         fl = (isolated_forward_flops(n_block, 1, cfg) if key == "isolated" else per_row) * dit_rows
@@ -570,17 +570,15 @@ def bench_group(cfg, args, device, dtype, ours, ours_compiled, ours_isolated, pe
 
 
 @contextlib.contextmanager
-def without_gelu_epilogue(on: bool):
-    """With ``on``, the feed-forward's GELU runs as a kernel of its own after the GEMM (``block.GELU_EPILOGUE``
+def without_gelu_epilogue(model, on: bool):
+    """With ``on``, ``model``'s feed-forward GELU runs as a kernel of its own after the GEMM (``gelu_epilogue``
     off: the forward before session 33), so that one process times the group both ways."""
-    from verl_omni.models.wnm import block as wnm_block
-
-    saved = wnm_block.GELU_EPILOGUE
-    wnm_block.GELU_EPILOGUE = saved and not on
+    saved = model.gelu_epilogue
+    model.gelu_epilogue = saved and not on
     try:
         yield
     finally:
-        wnm_block.GELU_EPILOGUE = saved
+        model.gelu_epilogue = saved
 
 
 def logp_drift(results, ctx, reference, backend, dtype) -> dict:

@@ -7,9 +7,11 @@ formula, so these paths must be exactly the diffusers module (bit for bit). The 
 
 from __future__ import annotations
 
+import pytest
 import torch
 from diffusers.models.attention import FeedForward
 
+from verl_omni.models.wnm import WNMConfig, WNMTransformer
 from verl_omni.models.wnm import block as wnm_block
 
 
@@ -22,3 +24,12 @@ def test_feed_forward_off_cuda_is_the_module_bit_for_bit():
             assert torch.equal(wnm_block._feed_forward(ffn, x), ffn(x))
         got = wnm_block._feed_forward(ffn, x.requires_grad_())
         assert got.grad_fn is not None and torch.equal(got, ffn(x))
+
+
+def test_model_switch_reaches_every_block_and_refuses_non_bools():
+    model = WNMTransformer(WNMConfig.from_size("tiny", num_layers=3))
+    assert model.gelu_epilogue is True and all(b.gelu_epilogue for b in model.blocks)
+    model.gelu_epilogue = False
+    assert not any(b.gelu_epilogue for b in model.blocks)
+    with pytest.raises(ValueError, match="gelu_epilogue"):
+        model.gelu_epilogue = "yes"

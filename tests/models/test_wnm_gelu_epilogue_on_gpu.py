@@ -51,7 +51,7 @@ def test_fp32_on_cuda_keeps_the_module_bit_for_bit():
 
 @pytest.mark.parametrize("compiled", [False, True])
 @torch.no_grad()
-def test_model_with_the_epilogue_stays_near_the_model_without(compiled, monkeypatch):
+def test_model_with_the_epilogue_stays_near_the_model_without(compiled):
     torch.manual_seed(0)
     model = WNMTransformer(WNMConfig.from_size("tiny", num_layers=2)).cuda().to(torch.bfloat16).eval()
     if compiled:
@@ -62,7 +62,7 @@ def test_model_with_the_epilogue_stays_near_the_model_without(compiled, monkeypa
     )
     inputs = (x.cuda().bfloat16(), a.cuda().bfloat16(), s.cuda(), ctx)
     fused = model(*inputs)
-    monkeypatch.setattr(wnm_block, "GELU_EPILOGUE", False)
+    model.gelu_epilogue = False
     plain = model(*inputs)
     for f, p in zip(fused, plain, strict=True):
         assert torch.isfinite(f).all()

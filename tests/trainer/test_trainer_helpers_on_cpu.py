@@ -164,6 +164,13 @@ def test_rollout_fp8_needs_recomputed_old_logprobs_and_the_native_backend():
         trainer_config_from_dict(_minimal(rollout={"fp8": "yes"}, algorithm={"recompute_old_logp": True}))
 
 
+def test_rollout_gelu_epilogue_defaults_on_and_must_be_a_bool():
+    assert trainer_config_from_dict(_minimal()).rollout.gelu_epilogue is True
+    assert trainer_config_from_dict(_minimal(rollout={"gelu_epilogue": False})).rollout.gelu_epilogue is False
+    with pytest.raises(ConfigError, match=r"rollout\.gelu_epilogue: must be true or false, got 'no'"):
+        trainer_config_from_dict(_minimal(rollout={"gelu_epilogue": "no"}))
+
+
 def test_sections_build_the_sampler_loss_and_advantage_configs():
     cfg = trainer_config_from_dict(
         _minimal(

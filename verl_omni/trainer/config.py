@@ -126,6 +126,10 @@ class RolloutConfig:
             row-wise scales (``verl_omni.models.wnm.fp8``; GPUs of compute capability 8.9 and up), re-quantized
             from the actor's weights before each rollout. It samples from a slightly different policy than the
             weights being trained, so it needs ``algorithm.recompute_old_logp: true``.
+        gelu_epilogue: On CUDA in bf16, the rollout computes each feed-forward's tanh GELU in its first GEMM's
+            epilogue (``WNMTransformer.gelu_epilogue``): about 3% faster a forward. The update cannot (the fused
+            op has no backward), so the first PPO ratios then differ from 1 by bf16 rounding; false gives back
+            bit-equal log-probs where the update's graph otherwise matches the rollout's.
     """
 
     backend: str = "native"
@@ -140,6 +144,7 @@ class RolloutConfig:
     micro_batch_size: int = 16
     dtype: str = "auto"
     fp8: bool = False
+    gelu_epilogue: bool = True
 
     def sampler_config(self):
         """This section as the sampler's own config (:class:`~verl_omni.pipelines.wnm_shared.SamplerConfig`)."""
@@ -183,6 +188,11 @@ class RolloutConfig:
         _require(self.micro_batch_size >= 1, f"{p}.micro_batch_size", "must be >= 1")
         _require(self.dtype in ("auto", "bfloat16", "float32"), f"{p}.dtype", "must be auto, bfloat16 or float32")
         _require(self.fp8 in (True, False), f"{p}.fp8", f"must be true or false, got {self.fp8!r}")
+        _require(
+            self.gelu_epilogue in (True, False),
+            f"{p}.gelu_epilogue",
+            f"must be true or false, got {self.gelu_epilogue!r}",
+        )
         _require(
             not self.fp8 or self.backend == "native",
             f"{p}.fp8",

@@ -191,6 +191,7 @@ class ActorRolloutWorker(Worker):
         register_fsdp_forward_method(model.transformer, "project_context")
         register_fsdp_forward_method(model.transformer, "history_kv")
         model.transformer.set_history_attention(cfg.actor.history_attention)
+        model.transformer.gelu_epilogue = cfg.rollout.gelu_epilogue
         if cfg.actor.compile:
             from verl_omni.models.wnm.compilation import set_activation_memory_budget
 
@@ -287,6 +288,7 @@ class ActorRolloutWorker(Worker):
         cfg, mc = self.cfg, model.config
         fp8 = self._fp8_transformer
         fp8.set_history_attention(cfg.actor.history_attention)
+        fp8.gelu_epilogue = cfg.rollout.gelu_epilogue  # its feed-forward input stays bf16 unless converted
         if cfg.actor.compile:
             fp8.compile_blocks()
         return NativeRolloutBackend(

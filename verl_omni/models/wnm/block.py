@@ -18,9 +18,6 @@ LOW_PRECISION_ADDCMUL = True
 # Eager inference with low-precision activations runs the block's LayerNorms on the activations in their own dtype
 # (see _layer_norm); False restores the fp32 copy that diffusers' FP32LayerNorm makes, for the same benchmark.
 LOW_PRECISION_NORM = True
-# Inference on CUDA computes the feed-forward's first product with its bias and tanh GELU in cuBLASLt's GEMM
-# epilogue (see _feed_forward); False restores the GEMM followed by a separate GELU pass, for the same benchmark.
-GELU_EPILOGUE = True
 
 
 def _slow_path() -> bool:
@@ -140,7 +137,7 @@ def _gate(
     return out
 
 
-def _feed_forward(ffn: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+def _feed_forward(ffn: torch.nn.Module, x: torch.Tensor, epilogue: bool = True) -> torch.Tensor:
     """``ffn(x)``: diffusers' ``FeedForward`` (tanh GELU) of ``x [B, S, D]``, with the GELU in the GEMM on CUDA.
 
     Why: the feed-forward's hidden activation ``[B, S, ffn_dim]`` is the block's widest tensor (5.8x the model
@@ -153,7 +150,8 @@ def _feed_forward(ffn: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
     Only where it computes the same function: inference (the op has no autograd formula, so training keeps the
     two-kernel form), CUDA (PyTorch's CPU kernel computes the exact GELU instead of the tanh form), a plain
     ``nn.Linear`` whose weight shares ``x``'s low-precision dtype (not the FP8 copy's ``Float8Linear``, not
-    autocast), and a GELU module with ``approximate="tanh"``. Everything else runs ``ffn(x)`` unchanged.
+    autocast), and a GELU module with ``approximate="tanh"``. Everything else, and ``epilogue=False``, runs
+    ``ffn(x)`` unchanged.
 
     Returns:
         ``[B, S, D]`` in ``x``'s dtype.
@@ -161,7 +159,7 @@ def _feed_forward(ffn: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
     act = ffn.net[0]
     proj = getattr(act, "proj", None)
     fused = (
-        GELU_EPILOGUE
+        epilogue
         and not torch.is_grad_enabled()
         and x.is_cuda
         and x.dtype in (torch.bfloat16, torch.float16)
@@ -220,6 +218,9 @@ class WNMTransformerBlock(WanTransformerBlock):
     activation_checkpointing = False
     # Attention kernel family (ATTENTION_BACKENDS); set for all blocks through WNMTransformer.attention_backend.
     attention_backend = "default"
+    # Inference on CUDA puts the feed-forward's GELU into its first GEMM (_feed_forward); set for all blocks
+    # through WNMTransformer.gelu_epilogue (rollout.gelu_epilogue in the trainer).
+    gelu_epilogue = True
 
     def forward(self, *args, **kwargs):  # type: ignore[override]
         """Runs :meth:`block_forward`, under activation checkpointing when it is on and grad is enabled."""
@@ -291,6 +292,6 @@ class WNMTransformerBlock(WanTransformerBlock):
 
         # 3. Feed-forward.
         normed = _modulate(_layer_norm(self.norm3, hidden_states), c_scale_msa, c_shift_msa, kept_lengths, dtype)
-        ff_output = _feed_forward(self.ffn, normed)
+        ff_output = _feed_forward(self.ffn, normed, self.gelu_epilogue)
         hidden_states = _gate(hidden_states, ff_output, c_gate_msa, kept_lengths, encoder_hidden_states.dtype)
         return (hidden_states, kv) if return_kv else hidden_states

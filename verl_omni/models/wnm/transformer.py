@@ -161,6 +161,20 @@ class WNMTransformer(nn.Module):
         for block in self.blocks:
             block.attention_backend = backend
 
+    @property
+    def gelu_epilogue(self) -> bool:
+        """Whether inference on CUDA computes each feed-forward's tanh GELU in its first GEMM's epilogue (default
+        True; see ``block._feed_forward``). Training always runs the GEMM and the GELU as two kernels, so with it
+        the rollout's bf16 log-probs round slightly differently from the update's."""
+        return self.blocks[0].gelu_epilogue if len(self.blocks) else True
+
+    @gelu_epilogue.setter
+    def gelu_epilogue(self, on: bool) -> None:
+        if on not in (True, False):
+            raise ValueError(f"gelu_epilogue must be True or False, got {on!r}")
+        for block in self.blocks:
+            block.gelu_epilogue = on
+
     @staticmethod
     def _context_mask(context: WNMContext) -> torch.Tensor | None:
         """The cross-attention mask, or None when it masks nothing.
