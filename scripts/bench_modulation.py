@@ -40,7 +40,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_common import median_time, wan_anchor  # noqa: E402
-from bench_stage3_gpu import build_ours, forward_inputs  # noqa: E402
+from bench_stage3_gpu import build_ours, forward_inputs, padded_instruction  # noqa: E402
 
 
 def main(argv=None) -> int:
@@ -136,11 +136,7 @@ def main(argv=None) -> int:
     print(f"{'batch':>5}  {'model':<48}{'ms':>9}{'x d.eager':>11}{'x d.comp':>10}")
     for b in (int(v) for v in args.batches.split(",")):
         anchor_args, ours_args = forward_inputs(cfg, b, args.text_tokens, device, dtype)
-        if args.text_valid is not None:  # a padded instruction: text positions past text_valid are masked
-            ctx = ours_args[3]
-            mask = ctx.encoder_mask.clone()
-            mask[:, args.text_valid : cfg.text_max_length] = False
-            ours_args = (*ours_args[:3], type(ctx)(ctx.history_latents, ctx.encoder_tokens, mask))
+        ours_args = padded_instruction(ours_args, args.text_valid, cfg)
 
         @torch.no_grad()
         def run_ours(

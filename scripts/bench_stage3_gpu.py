@@ -307,6 +307,17 @@ def forward_inputs(cfg, batch: int, text_tokens: int, device, dtype) -> tuple[tu
     return (video, t, text), (x, a, s, random_context(cfg, batch, device, dtype))
 
 
+def padded_instruction(ours_args: tuple, text_valid: int | None, cfg) -> tuple:
+    """``ours_args`` whose context attends to only the first ``text_valid`` text positions, as a real padded
+    instruction does (None: unchanged, all attended)."""
+    if text_valid is None:
+        return ours_args
+    ctx = ours_args[3]
+    mask = ctx.encoder_mask.clone()
+    mask[:, text_valid : cfg.text_max_length] = False
+    return (*ours_args[:3], type(ctx)(ctx.history_latents, ctx.encoder_tokens, mask))
+
+
 # ----------------------------------------------------------------------------------------- (a) forward
 ANCHOR_EAGER, ANCHOR_COMPILED = "diffusers eager", "diffusers compiled"
 

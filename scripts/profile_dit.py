@@ -22,7 +22,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_common import wan_anchor  # noqa: E402
-from bench_stage3_gpu import build_ours, forward_inputs  # noqa: E402
+from bench_stage3_gpu import build_ours, forward_inputs, padded_instruction  # noqa: E402
 
 # Kernel-name patterns of each kind (first match wins); names are the CUDA kernels the profiler records.
 KINDS: tuple[tuple[str, str], ...] = (
@@ -89,7 +89,16 @@ def main(argv=None) -> int:
     p.add_argument("--iters", type=int, default=3)
     p.add_argument("--top", type=int, default=25)
     p.add_argument("--compile", action="store_true", help="also profile the compiled blocks of both")
+    p.add_argument(
+        "--text-valid",
+        type=int,
+        default=None,
+        help="our context attends to only this many text positions (a padded instruction); default: all",
+    )
+    p.add_argument("--compiled-only", action="store_true", help="with --compile, skip the eager profiles")
     args = p.parse_args(argv)
+    if args.compiled_only and not args.compile:
+        p.error("--compiled-only needs --compile")
     if not torch.cuda.is_available():
         raise SystemExit("profile_dit.py needs a CUDA device (it profiles GPU kernels)")
     from verl_omni.models.wnm import WNMConfig
@@ -99,7 +108,10 @@ def main(argv=None) -> int:
     b = args.batch
     ours = build_ours(cfg, device, dtype)
     anchor = wan_anchor(cfg, device, dtype, text_dim=cfg.text_dim)
+    if args.text_valid is not None and not 1 <= args.text_valid <= cfg.text_max_length:
+        p.error(f"--text-valid must be in [1, {cfg.text_max_length}] for size {args.size}, got {args.text_valid}")
     anchor_args, ours_args = forward_inputs(cfg, b, args.text_tokens, device, dtype)
+    ours_args = padded_instruction(ours_args, args.text_valid, cfg)
 
     @torch.no_grad()
     def run_ours():
@@ -111,12 +123,14 @@ def main(argv=None) -> int:
 
     print(f"size {cfg.size}, batch {b}, bf16, torch {torch.__version__}, {torch.cuda.get_device_name(device)}")
     print(
-        f"ours: {cfg.history_tokens}+{cfg.target_tokens}+{cfg.action_steps} tokens, context {cfg.context_tokens}; "
+        f"ours: {cfg.history_tokens}+{cfg.target_tokens}+{cfg.action_steps} tokens, context {cfg.context_tokens}"
+        f"{'' if args.text_valid is None else f' ({args.text_valid} text positions attended)'}; "
         f"anchor: {cfg.history_tokens + cfg.target_tokens} tokens, text {args.text_tokens}",
         flush=True,
     )
-    print(report("diffusers eager", profile(run_anchor, args.iters), args.top), flush=True)
-    print(report("ours eager", profile(run_ours, args.iters), args.top), flush=True)
+    if not args.compiled_only:
+        print(report("diffusers eager", profile(run_anchor, args.iters), args.top), flush=True)
+        print(report("ours eager", profile(run_ours, args.iters), args.top), flush=True)
     if args.compile:
         anchor.compile_repeated_blocks(fullgraph=True)
         ours.compile_blocks()

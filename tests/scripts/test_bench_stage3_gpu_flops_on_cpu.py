@@ -90,3 +90,19 @@ def test_bad_fp8_groups_and_text_valid_are_refused_by_name(bench, argv, message,
     with pytest.raises(SystemExit):
         bench["parse_args"](["--device", "cpu", *argv])
     assert message in capsys.readouterr().err
+
+
+def test_padded_instruction_masks_only_the_text_positions_past_the_valid_ones(bench):
+    cfg = WNMConfig.from_size("tiny")
+    b, n = 2, cfg.context_tokens
+    mask = torch.ones(b, n, dtype=torch.bool)
+    ctx = WNMContext(torch.zeros(b, *cfg.history_latent_shape), torch.zeros(b, n, cfg.dim), mask)
+    args = (torch.zeros(1), torch.zeros(1), torch.zeros(1), ctx)
+    assert bench["padded_instruction"](args, None, cfg) is args
+    out = bench["padded_instruction"](args, 3, cfg)[3]
+    # Text positions 3 .. text_max_length - 1 are padding; the first 3 and the image/geometry tokens after the
+    # text stay attended, and the input's mask is left as it was.
+    want = torch.ones(b, n, dtype=bool)
+    want[:, 3 : cfg.text_max_length] = False
+    assert torch.equal(out.encoder_mask, want) and ctx.encoder_mask.all()
+    assert out.encoder_tokens is ctx.encoder_tokens and out.history_latents is ctx.history_latents
