@@ -11,7 +11,10 @@ the anchor, at the dims of ``scripts/bench_stage3_gpu.py``:
 - last block over all tokens: the default block, but the last block also computes the history tokens' outputs,
   which the heads never read (``transformer.SKIP_UNREAD_OUTPUTS = False``, the forward before session 30);
 - separate GELU kernel: the default block without the feed-forward's GELU in the GEMM epilogue
-  (``WNMTransformer.gelu_epilogue = False``, the forward before session 33), eager and (with ``--compiled``) compiled.
+  (``WNMTransformer.gelu_epilogue = False``), eager and (with ``--compiled``) compiled;
+- stacked RoPE: the rotary embedding in its form before session 33 (:func:`stacked_rope`: the same arithmetic as a
+  stacked result whose layout inductor picks), eager and compiled, and compiled with the separate GELU kernel too
+  (session 32's forward).
 
 With ``--compile-mode M`` both models are also timed compiled in that ``torch.compile`` mode; with ``--fp8-groups``
 an FP8 copy of only those layer groups is timed too. With ``--current-only``
@@ -41,6 +44,14 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_common import median_time, wan_anchor  # noqa: E402
 from bench_stage3_gpu import build_ours, forward_inputs, padded_instruction  # noqa: E402
+
+
+def stacked_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """The rotary embedding as the block computed it before session 33 (same arithmetic, a stacked result whose
+    layout inductor chooses), for the "stacked RoPE" rows."""
+    even, odd = x.unflatten(-1, (-1, 2)).unbind(-1)
+    c, s = cos[..., 0::2], sin[..., 1::2]
+    return torch.stack([even * c - odd * s, even * s + odd * c], dim=-1).flatten(-2).type_as(x)
 
 
 def main(argv=None) -> int:
@@ -94,10 +105,12 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available():
         raise SystemExit("bench_modulation.py needs a CUDA device")
     from verl_omni.models.wnm import WNMConfig
+    from verl_omni.models.wnm import attention as wnm_attention
     from verl_omni.models.wnm import block as wnm_block
     from verl_omni.models.wnm import transformer as wnm_transformer
 
     device, dtype = torch.device("cuda"), torch.bfloat16
+    product_rope = wnm_attention._apply_rope
     drop = [f for f in args.drop.split(",") if f]
 
     def dropped(name: str) -> bool:
@@ -147,8 +160,11 @@ def main(argv=None) -> int:
             ours_args=ours_args,
             compact=True,
             gelu_epilogue=True,
+            rope=None,
         ):
             wnm_block.LOW_PRECISION_NORM, wnm_block.LOW_PRECISION_ADDCMUL = norm, fused
+            if rope is not None:
+                wnm_attention._apply_rope = rope
             wnm_transformer.SKIP_UNREAD_OUTPUTS, wnm_transformer.COMPACT_CONTEXT = skip, compact
             model.gelu_epilogue = gelu_epilogue
             try:
@@ -157,6 +173,7 @@ def main(argv=None) -> int:
                 wnm_block.LOW_PRECISION_NORM, wnm_block.LOW_PRECISION_ADDCMUL = True, True
                 wnm_transformer.SKIP_UNREAD_OUTPUTS, wnm_transformer.COMPACT_CONTEXT = True, True
                 model.gelu_epilogue = True
+                wnm_attention._apply_rope = product_rope
 
         @torch.no_grad()
         def run_anchor(model=anchor, anchor_args=anchor_args):
@@ -168,8 +185,10 @@ def main(argv=None) -> int:
             v_old = run_ours(False, False)[0].float()
             v_all = run_ours(True, True, False)[0].float()
             v_two_kernel = run_ours(True, True, gelu_epilogue=False)[0].float()
+            v_stacked = run_ours(True, True, rope=stacked_rope)[0].float()
         diffs = {
             "now vs GEMM + separate GELU kernel": float((v_now - v_two_kernel).norm() / v_two_kernel.norm()),
+            "now vs stacked RoPE (0 = same bits)": float((v_now - v_stacked).norm() / v_stacked.norm()),
             "now vs fp32 norms": float((v_now - v_norm).norm() / v_norm.norm()),
             "fp32 norms vs mul + add": float((v_norm - v_old).norm() / v_old.norm()),
             "now vs last block over all tokens": float((v_now - v_all).norm() / v_all.norm()),
@@ -177,6 +196,7 @@ def main(argv=None) -> int:
         entries = {
             "WNM eager, bf16 norms + addcmul (now)": lambda f=run_ours: f(True, True),
             "WNM eager, separate GELU kernel": lambda f=run_ours: f(True, True, gelu_epilogue=False),
+            "WNM eager, stacked RoPE": lambda f=run_ours: f(True, True, rope=stacked_rope),
             "WNM eager, last block over all tokens": lambda f=run_ours: f(True, True, False),
             "WNM eager, fp32 norms + addcmul": lambda f=run_ours: f(False, True),
             "WNM eager, fp32 norms + mul + add": lambda f=run_ours: f(False, False),
@@ -187,6 +207,10 @@ def main(argv=None) -> int:
                 "WNM compiled (now)": lambda f=run_ours: f(True, True, True, ours_compiled),
                 "WNM compiled, separate GELU kernel": lambda f=run_ours: f(
                     True, True, True, ours_compiled, gelu_epilogue=False
+                ),
+                "WNM compiled, stacked RoPE": lambda f=run_ours: f(True, True, True, ours_compiled, rope=stacked_rope),
+                "WNM compiled, stacked RoPE + separate GELU (session 32)": lambda f=run_ours: f(
+                    True, True, True, ours_compiled, gelu_epilogue=False, rope=stacked_rope
                 ),
                 "WNM compiled, last block over all tokens": lambda f=run_ours: f(True, True, False, ours_compiled),
                 "diffusers compiled": lambda f=run_anchor: f(anchor_compiled),

@@ -1,0 +1,28 @@
+"""``attention._apply_rope``: Wan's interleaved rotary embedding, against complex multiplication in float64."""
+
+from __future__ import annotations
+
+import torch
+
+from verl_omni.models.wnm.attention import _apply_rope
+
+
+def test_rope_is_the_complex_rotation_of_each_pair_and_keeps_the_input_layout():
+    torch.manual_seed(0)
+    b, s, h, d = 2, 5, 3, 8
+    angles = torch.rand(s, d // 2, dtype=torch.float64) * 6
+    # Wan's layout: every frequency repeated twice along the head dim, cos and sin each [1, S, 1, Dh].
+    cos = angles.cos().repeat_interleave(2, dim=1)[None, :, None, :].float()
+    sin = angles.sin().repeat_interleave(2, dim=1)[None, :, None, :].float()
+    # A transposed view, as an attention input can be: the result must be laid out like it.
+    x = torch.randn(b, h, s, d).transpose(1, 2)
+    got = _apply_rope(x, cos, sin)
+    pairs = torch.view_as_complex(x.double().reshape(b, s, h, d // 2, 2).contiguous())
+    rotation = torch.polar(torch.ones_like(angles), angles)[None, :, None, :]  # e^{i theta}
+    want = torch.view_as_real(pairs * rotation).reshape(b, s, h, d)
+    assert got.dtype == x.dtype and got.stride() == x.stride()
+    torch.testing.assert_close(got.double(), want, rtol=1e-6, atol=1e-6)
+    # bf16 in, bf16 out: the fp32 products rounded once.
+    got_bf16 = _apply_rope(x.bfloat16(), cos, sin)
+    assert got_bf16.dtype == torch.bfloat16
+    torch.testing.assert_close(got_bf16.double(), _apply_rope(x.bfloat16().float(), cos, sin).bfloat16().double())
