@@ -26,3 +26,22 @@ def test_rope_is_the_complex_rotation_of_each_pair_and_keeps_the_input_layout():
     got_bf16 = _apply_rope(x.bfloat16(), cos, sin)
     assert got_bf16.dtype == torch.bfloat16
     torch.testing.assert_close(got_bf16.double(), _apply_rope(x.bfloat16().float(), cos, sin).bfloat16().double())
+
+
+def test_rope_has_the_bits_of_the_stacked_form_forward_and_backward():
+    # The form before session 33: the same products, stacked and rounded once by type_as.
+    def stacked(x, cos, sin):
+        even, odd = x.unflatten(-1, (-1, 2)).unbind(-1)
+        c, s = cos[..., 0::2], sin[..., 1::2]
+        return torch.stack([even * c - odd * s, even * s + odd * c], dim=-1).flatten(-2).type_as(x)
+
+    torch.manual_seed(1)
+    cos, sin = torch.randn(1, 6, 1, 12), torch.randn(1, 6, 1, 12)
+    for dtype in (torch.float32, torch.bfloat16):
+        x = torch.randn(2, 6, 3, 12, dtype=dtype)
+        assert torch.equal(_apply_rope(x, cos, sin), stacked(x, cos, sin))
+    x = torch.randn(2, 6, 3, 12, requires_grad=True)
+    grad_out = torch.randn(2, 6, 3, 12)
+    (g_new,) = torch.autograd.grad(_apply_rope(x, cos, sin), x, grad_out)
+    (g_old,) = torch.autograd.grad(stacked(x, cos, sin), x, grad_out)
+    assert torch.equal(g_new, g_old)

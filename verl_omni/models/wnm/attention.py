@@ -15,13 +15,14 @@ def _apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.
     """Wan's rotary embedding on interleaved pairs: ``x [B, S, H, Dh]``, ``cos/sin [1, S, 1, Dh]`` -> ``x``'s
     shape, dtype and layout.
 
-    Why written into ``empty_like(x)`` (diffusers' form) rather than stacked: the stacked result is a fresh
-    pointwise value whose layout inductor picks for the attention call that reads it, and it picks ``[B, H, S, Dh]``
-    contiguous, while the values (a GEMM's output) stay ``[B, S, H, Dh]``. cuDNN's attention then gets mixed
-    layouts and returns its output in the query's, which the output projection can read only after a transposing
-    copy (a kernel of 0.2 ms a block at Wan-1.3B batch 16 that compiled diffusers does not have; H100 profile, session
-    33). Written into slices of a buffer laid out like ``x``, queries, keys and values share one layout. The
-    arithmetic is the same: fp32 products rounded once to ``x``'s dtype on store.
+    Why written into ``empty_like(x)`` (diffusers' form) rather than stacked: the same arithmetic (fp32 products
+    rounded once to ``x``'s dtype on store; the same bits, CPU test), but the result has ``x``'s layout. A stacked
+    result is a fresh pointwise value with no layout of its own, and by our reading of inductor's attention-input
+    constraint (``sdpa_constraint``) it is then laid out ``[B, H, S, Dh]`` contiguous, while the values (a GEMM's
+    output) stay ``[B, S, H, Dh]``. cuDNN returns its output in the query's layout, so the output projection would
+    need a transposing copy first. The H100 profile of the stacked form (session 33) shows such a copy of every
+    self-attention output, 0.2 ms a block at Wan-1.3B batch 16, which compiled diffusers does not have. Whether
+    this form removes it was not yet timed on a GPU (``scripts/bench_modulation.py`` times both forms).
     """
     even, odd = x.unflatten(-1, (-1, 2)).unbind(-1)
     c, s = cos[..., 0::2], sin[..., 1::2]
