@@ -13,8 +13,10 @@ the anchor, at the dims of ``scripts/bench_stage3_gpu.py``:
 - separate GELU kernel: the default block without the feed-forward's GELU in the GEMM epilogue
   (``WNMTransformer.gelu_epilogue = False``), eager and (with ``--compiled``) compiled;
 - stacked RoPE: the rotary embedding in its form before session 33 (:func:`stacked_rope`: the same arithmetic as a
-  stacked result whose layout inductor picks), eager and compiled, and compiled with the separate GELU kernel too
-  (session 32's forward).
+  stacked result whose layout inductor picks), eager and compiled;
+- split/cat modulation: compiled blocks build the grouped modulation and gating by splitting and concatenating, as
+  before session 33 (``block.COMPILED_GROUP_SELECT = False``); and compiled with both earlier forms (the forward
+  session 33 measured), and with the separate GELU kernel too (session 32's forward).
 
 With ``--compile-mode M`` both models are also timed compiled in that ``torch.compile`` mode; with ``--fp8-groups``
 an FP8 copy of only those layer groups is timed too. With ``--current-only``
@@ -161,10 +163,12 @@ def main(argv=None) -> int:
             compact=True,
             gelu_epilogue=True,
             rope=None,
+            group_select=True,
         ):
             wnm_block.LOW_PRECISION_NORM, wnm_block.LOW_PRECISION_ADDCMUL = norm, fused
             if rope is not None:
                 wnm_attention._apply_rope = rope
+            wnm_block.COMPILED_GROUP_SELECT = group_select
             wnm_transformer.SKIP_UNREAD_OUTPUTS, wnm_transformer.COMPACT_CONTEXT = skip, compact
             model.gelu_epilogue = gelu_epilogue
             try:
@@ -174,6 +178,7 @@ def main(argv=None) -> int:
                 wnm_transformer.SKIP_UNREAD_OUTPUTS, wnm_transformer.COMPACT_CONTEXT = True, True
                 model.gelu_epilogue = True
                 wnm_attention._apply_rope = product_rope
+                wnm_block.COMPILED_GROUP_SELECT = True
 
         @torch.no_grad()
         def run_anchor(model=anchor, anchor_args=anchor_args):
@@ -209,8 +214,14 @@ def main(argv=None) -> int:
                     True, True, True, ours_compiled, gelu_epilogue=False
                 ),
                 "WNM compiled, stacked RoPE": lambda f=run_ours: f(True, True, True, ours_compiled, rope=stacked_rope),
-                "WNM compiled, stacked RoPE + separate GELU (session 32)": lambda f=run_ours: f(
-                    True, True, True, ours_compiled, gelu_epilogue=False, rope=stacked_rope
+                "WNM compiled, split/cat modulation": lambda f=run_ours: f(
+                    True, True, True, ours_compiled, group_select=False
+                ),
+                "WNM compiled, stacked RoPE + split/cat (s33 measured)": lambda f=run_ours: f(
+                    True, True, True, ours_compiled, rope=stacked_rope, group_select=False
+                ),
+                "WNM compiled, those + separate GELU (session 32)": lambda f=run_ours: f(
+                    True, True, True, ours_compiled, gelu_epilogue=False, rope=stacked_rope, group_select=False
                 ),
                 "WNM compiled, last block over all tokens": lambda f=run_ours: f(True, True, False, ours_compiled),
                 "diffusers compiled": lambda f=run_anchor: f(anchor_compiled),

@@ -18,11 +18,33 @@ LOW_PRECISION_ADDCMUL = True
 # Eager inference with low-precision activations runs the block's LayerNorms on the activations in their own dtype
 # (see _layer_norm); False restores the fp32 copy that diffusers' FP32LayerNorm makes, for the same benchmark.
 LOW_PRECISION_NORM = True
+# Compiled blocks pick each token's modulation row with torch.where (see _per_token); False restores the split and
+# concatenate form that eager autograd runs, so that a benchmark can time both in one process.
+COMPILED_GROUP_SELECT = True
 
 
 def _slow_path() -> bool:
-    """True where the grouped elementwise ops must be out-of-place (autograd) or are fused anyway (inductor)."""
+    """True where the grouped elementwise ops must be out-of-place: under autograd, or compiled (where inductor
+    fuses them and the per-group writes into one output would only get in its way)."""
     return torch.is_grad_enabled() or torch.compiler.is_compiling()
+
+
+def _per_token(table: torch.Tensor, lengths: list[int], seq_len: int) -> torch.Tensor:
+    """Each token's row of a per-group table: ``table [B, G, D]`` -> ``[B, S, D]`` (token s takes the row of the
+    group it falls in, groups of ``lengths`` consecutive tokens).
+
+    Written as one ``torch.where`` per group boundary on a token position so that, compiled, the selection is
+    index arithmetic inside whatever kernel consumes it. The split-and-concatenate form that eager autograd uses
+    made inductor write the LayerNorm's output and apply the modulation in a second kernel on the GPU (H100
+    profile, session 33: two kernels per modulated norm where compiled diffusers has one).
+    """
+    pos = torch.arange(seq_len, device=table.device).view(1, -1, 1)
+    rows = table[:, :1]
+    start = 0
+    for g in range(1, len(lengths)):
+        start += lengths[g - 1]
+        rows = torch.where(pos >= start, table[:, g : g + 1], rows)
+    return rows
 
 
 def _layer_norm(norm: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
@@ -69,6 +91,9 @@ def _modulate(
     """
     if lengths is None:
         return (x * (1 + scale) + shift).to(dtype)
+    if COMPILED_GROUP_SELECT and torch.compiler.is_compiling():  # same arithmetic, fusable (see _per_token)
+        seq_len = x.shape[1]
+        return (x * (1 + _per_token(scale, lengths, seq_len)) + _per_token(shift, lengths, seq_len)).to(dtype)
     if _slow_path():
         parts = x.split(lengths, dim=1)
         return torch.cat([p * (1 + scale[:, g : g + 1]) + shift[:, g : g + 1] for g, p in enumerate(parts)], 1).to(
@@ -113,6 +138,8 @@ def _gate(
     """
     if lengths is None:
         return (x.float() + y * gate).to(dtype)
+    if COMPILED_GROUP_SELECT and torch.compiler.is_compiling():  # same arithmetic, fusable (see _per_token)
+        return (x.float() + y * _per_token(gate, lengths, y.shape[1])).to(dtype)
     if _slow_path():
         parts = y.split(lengths, dim=1)
         return (x.float() + torch.cat([p * gate[:, g : g + 1] for g, p in enumerate(parts)], dim=1)).to(dtype)
