@@ -267,6 +267,8 @@ class ActorRolloutWorker(Worker):
             dtype="bfloat16" if self.spec.dit_dtype == torch.bfloat16 else "float32",
             deterministic=one_request_per_call(cfg.trainer.deterministic, self.spec.kind),
             chunk_size=cfg.rollout.micro_batch_size,
+            history_attention=cfg.actor.history_attention,
+            gelu_epilogue=cfg.rollout.gelu_epilogue,
             max_num_seqs=cfg.rollout.micro_batch_size,
         )
         # CPU and GPU alike: the engine in its own process, a Ray actor next to this rank (same node, this rank's

@@ -39,6 +39,27 @@ def test_custom_pipeline_args_name_the_pipeline_class():
     assert getattr(__import__(module, fromlist=[name]), name) is WNMDiTPipeline
 
 
+def test_engine_applies_the_trainers_model_settings_and_refuses_bad_ones():
+    from verl_omni.pipelines.wnm_vllm_omni.pipeline import WNMDiTPipeline
+
+    def pipeline(args):
+        od = SimpleNamespace(model=None, dtype="float32", custom_pipeline_args=args)
+        return WNMDiTPipeline(od_config=od, model=build_wnm_model(WNMConfig.from_size("tiny", variant="wnm_3d")))
+
+    args = VllmOmniEngineConfig(checkpoint="ck", history_attention="isolated", gelu_epilogue=False)
+    args = args.custom_pipeline_args()
+    assert args["history_attention"] == "isolated" and args["gelu_epilogue"] is False
+    pipe = pipeline(args)
+    assert pipe.transformer.history_attention == "isolated" and pipe.transformer.gelu_epilogue is False
+    # Unset (None): the model keeps its own settings.
+    plain = VllmOmniEngineConfig(checkpoint="ck").custom_pipeline_args()
+    pipe = pipeline(plain)
+    assert pipe.transformer.history_attention == "full" and pipe.transformer.gelu_epilogue is True
+    for bad in ({"history_attention": "joint"}, {"gelu_epilogue": "no"}):
+        with pytest.raises(ValueError, match=next(iter(bad))):
+            pipeline({**plain, **bad})
+
+
 def test_sleep_mode_default_and_refusal_on_cpu():
     assert resolve_sleep_mode(None, on_cpu=False) is True
     assert resolve_sleep_mode(None, on_cpu=True) is False

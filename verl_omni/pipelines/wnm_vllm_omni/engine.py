@@ -64,6 +64,10 @@ class VllmOmniEngineConfig:
         sampler: ``SamplerConfig`` fields (``pipeline.sampler_to_args``); must equal the trainer's.
         deterministic: Per-request evaluation (bit-identical whatever the batch); None = sampler default.
         chunk_size: Rollouts per DiT call inside the pipeline; None = the sampler's default.
+        history_attention: The DiT's history attention (``full`` or ``isolated``, the actor's
+            ``actor.history_attention``), so that the engine samples the model the trainer updates; None = the
+            checkpoint's default (``full``).
+        gelu_epilogue: ``WNMTransformer.gelu_epilogue`` in the engine (``rollout.gelu_epilogue``); None = on.
         max_num_seqs: Rollouts vLLM-Omni may batch into one pipeline call.
         ulysses_degree, ring_degree: Sequence parallelism (DiT attention) across GPUs.
         cfg_parallel_size: Classifier-free-guidance parallelism (1: the WNM sampler uses no CFG).
@@ -83,6 +87,8 @@ class VllmOmniEngineConfig:
     sampler: dict = field(default_factory=dict)
     deterministic: bool | None = None
     chunk_size: int | None = None
+    history_attention: str | None = None
+    gelu_epilogue: bool | None = None
     max_num_seqs: int = 16
     ulysses_degree: int = 1
     ring_degree: int = 1
@@ -105,6 +111,8 @@ class VllmOmniEngineConfig:
             "sampler": dict(self.sampler),
             "deterministic": self.deterministic,
             "chunk_size": self.chunk_size,
+            "history_attention": self.history_attention,
+            "gelu_epilogue": self.gelu_epilogue,
         }
 
 

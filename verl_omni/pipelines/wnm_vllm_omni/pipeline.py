@@ -13,7 +13,8 @@ built and inspected where vllm is not installed. ``od_config`` fields used:
   normalization are loaded here (the frozen encoders stay with the trainer, which sends contexts);
 - ``dtype``: DiT compute dtype (the SDE math and log-probs are fp32 regardless);
 - ``custom_pipeline_args``: ``{"sampler": {SamplerConfig fields}, "deterministic": bool|None,
-  "chunk_size": int|None}``; the sampler fields must equal the trainer's (the client sends them).
+  "chunk_size": int|None, "history_attention": "full"|"isolated"|None, "gelu_epilogue": bool|None}``; the
+  sampler fields and the history attention must equal the trainer's (the client sends them).
 """
 
 from __future__ import annotations
@@ -87,6 +88,11 @@ class WNMDiTPipeline(nn.Module):
             if not getattr(od_config, "model", None):
                 raise ValueError("WNMDiTPipeline needs od_config.model = a complete WNM checkpoint directory")
             model = load_wnm_checkpoint(od_config.model, device="cpu", dtype=torch.float32)
+        # The trainer's model settings (each refuses a bad value by name); None keeps the model's own.
+        if args.get("history_attention") is not None:
+            model.transformer.set_history_attention(args["history_attention"])
+        if args.get("gelu_epilogue") is not None:
+            model.transformer.gelu_epilogue = args["gelu_epilogue"]
         self.core = WNMPipelineCore.from_model(model, sampler, config)
         # Registered as a submodule so vLLM-Omni's hooks (sequence parallel plans, offload, sleep mode)
         # find the DiT where they look for it.
