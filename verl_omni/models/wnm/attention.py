@@ -21,8 +21,11 @@ def _apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.
     constraint (``sdpa_constraint``) it is then laid out ``[B, H, S, Dh]`` contiguous, while the values (a GEMM's
     output) stay ``[B, S, H, Dh]``. cuDNN returns its output in the query's layout, so the output projection would
     need a transposing copy first. The H100 profile of the stacked form (session 33) shows such a copy of every
-    self-attention output, 0.2 ms a block at Wan-1.3B batch 16, which compiled diffusers does not have. Whether
-    this form removes it was not yet timed on a GPU (``scripts/bench_modulation.py`` times both forms).
+    self-attention output, 0.2 ms a block at Wan-1.3B batch 16, which compiled diffusers does not have. With this
+    form the copy is gone from the profile (session 34, H100; ``scripts/inspect_block_kernels.py`` shows the same on
+    CPU), but the forward is no faster within the benchmark's spread, and cuDNN's attention kernel takes as long as
+    before: the layout was not why our attention is slower than diffusers'. Kept because it matches diffusers'
+    processor and removes a kernel at no cost.
     """
     even, odd = x.unflatten(-1, (-1, 2)).unbind(-1)
     c, s = cos[..., 0::2], sin[..., 1::2]

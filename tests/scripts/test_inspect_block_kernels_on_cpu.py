@@ -1,0 +1,55 @@
+"""scripts/inspect_block_kernels.py: the kernel-name pattern, and what inductor generates for the two RoPE forms."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
+import inspect_block_kernels as ibk  # noqa: E402
+
+
+def test_kernel_name_pattern_reads_cpu_and_triton_names():
+    code = (
+        "cpp_fused_gelu_view_7 = async_compile.cpp(...)\n"
+        "triton_red_fused__to_copy_native_layer_norm_0 = async_compile.triton(...)\n"
+        "triton_poi_fused_add_1.run(buf0)\n"
+        "extern_kernels.mm(a, b)  # not a fused kernel\n"
+    )
+    assert ibk.KERNEL_NAME.findall(code) == [
+        "cpp_fused_gelu_view_7",
+        "triton_red_fused__to_copy_native_layer_norm_0",
+        "triton_poi_fused_add_1",
+    ]
+
+
+def test_stacked_rope_adds_a_layout_copy_kernel_in_front_of_attention(monkeypatch):
+    """The H100 profile of session 33 showed a transposing copy of the self-attention output with the stacked RoPE;
+    writing into ``empty_like(x)`` slices removed it there. Inductor's CPU backend shows the same: one fused kernel
+    more, whose name is a copy/transpose feeding attention and holds no norm or RoPE arithmetic."""
+    from bench_modulation import stacked_rope
+    from bench_stage3_gpu import build_ours, forward_inputs, padded_instruction
+
+    from verl_omni.models.wnm import WNMConfig
+    from verl_omni.models.wnm import attention as wnm_attention
+
+    cfg = WNMConfig.from_size("tiny")
+    _, inputs = forward_inputs(cfg, 2, 8, torch.device("cpu"), torch.bfloat16)
+    inputs = padded_instruction(inputs, 4, cfg)
+    found = {}
+    for name, rope in (("slices", wnm_attention._apply_rope), ("stacked", stacked_rope)):
+        monkeypatch.setattr(wnm_attention, "_apply_rope", rope)
+        torch._dynamo.reset()
+        model = build_ours(cfg, torch.device("cpu"), torch.bfloat16)
+        model.compile_blocks()
+        found[name] = ibk.block_kernels(model, inputs)
+    torch._dynamo.reset()
+    if not found["slices"]:
+        pytest.fail("inductor generated no fused kernels for the compiled block")
+    extra = set(found["stacked"]) - set(found["slices"])
+    copies = [k for k in extra if "transpose" in k and "to_copy" in k and "rsqrt" not in k and "stack" not in k]
+    assert len(found["stacked"]) == len(found["slices"]) + 1, (found["slices"], found["stacked"])
+    assert len(copies) == 1, extra
