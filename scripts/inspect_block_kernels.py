@@ -57,6 +57,10 @@ def main(argv=None) -> int:
     from verl_omni.models.wnm import block as wnm_block
 
     cfg = WNMConfig.from_size(args.size)
+    if args.batch < 1:
+        p.error(f"--batch must be >= 1, got {args.batch}")
+    if not 1 <= args.text_valid <= cfg.text_max_length:
+        p.error(f"--text-valid must be in [1, {cfg.text_max_length}] for size {args.size}, got {args.text_valid}")
     device, dtype = torch.device(args.device), getattr(torch, args.dtype)
     _, inputs = forward_inputs(cfg, args.batch, 8, device, dtype)
     inputs = padded_instruction(inputs, args.text_valid, cfg)

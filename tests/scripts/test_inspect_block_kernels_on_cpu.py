@@ -26,6 +26,13 @@ def test_kernel_name_pattern_reads_cpu_and_triton_names():
     ]
 
 
+@pytest.mark.parametrize("argv", [["--batch", "0"], ["--text-valid", "0"], ["--text-valid", "100000"]])
+def test_bad_arguments_are_refused_by_name(argv, capsys):
+    with pytest.raises(SystemExit):
+        ibk.main(argv)
+    assert argv[0] in capsys.readouterr().err
+
+
 def test_stacked_rope_adds_a_layout_copy_kernel_in_front_of_attention(monkeypatch):
     """The H100 profile of session 33 showed a transposing copy of the self-attention output with the stacked RoPE;
     writing into ``empty_like(x)`` slices removed it there. Inductor's CPU backend shows the same: one fused kernel
