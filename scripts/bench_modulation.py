@@ -65,6 +65,11 @@ def main(argv=None) -> int:
     p.add_argument("--compiled", action="store_true", help="also time both models compiled (regional compilation)")
     p.add_argument("--fp8", action="store_true", help="also time the FP8 rollout copy of our model (CUDA sm89+)")
     p.add_argument(
+        "--fa4",
+        action="store_true",
+        help="also time our model with attention_backend 'fa4' (FlashAttention-4; the anchors keep their default)",
+    )
+    p.add_argument(
         "--text-valid",
         type=int,
         default=None,
@@ -164,8 +169,11 @@ def main(argv=None) -> int:
             gelu_epilogue=True,
             rope=None,
             group_select=True,
+            attention=None,
         ):
             wnm_block.LOW_PRECISION_NORM, wnm_block.LOW_PRECISION_ADDCMUL = norm, fused
+            if attention is not None:
+                model.attention_backend = attention
             if rope is not None:
                 wnm_attention._apply_rope = rope
             wnm_block.COMPILED_GROUP_SELECT = group_select
@@ -179,6 +187,7 @@ def main(argv=None) -> int:
                 model.gelu_epilogue = True
                 wnm_attention._apply_rope = product_rope
                 wnm_block.COMPILED_GROUP_SELECT = True
+                model.attention_backend = "default"
 
         @torch.no_grad()
         def run_anchor(model=anchor, anchor_args=anchor_args):
@@ -231,6 +240,15 @@ def main(argv=None) -> int:
                 f"WNM compiled, {args.compile_mode}": lambda f=run_ours: f(True, True, True, ours_moded),
                 f"diffusers compiled, {args.compile_mode}": lambda f=run_anchor: f(anchor_moded),
             })  # fmt: skip
+        if args.fa4:
+            with torch.no_grad():
+                v_fa4 = run_ours(True, True, attention="fa4")[0].float()
+            diffs["FlashAttention-4 vs now (cuDNN)"] = float((v_fa4 - v_now).norm() / v_now.norm())
+            entries["WNM eager, FlashAttention-4"] = lambda f=run_ours: f(True, True, attention="fa4")
+            if args.compiled:
+                entries["WNM compiled, FlashAttention-4"] = lambda f=run_ours: f(
+                    True, True, True, ours_compiled, attention="fa4"
+                )
         if args.current_only:
             for name in [n for n in entries if "fp32 norms" in n or "last block over all" in n]:
                 del entries[name]

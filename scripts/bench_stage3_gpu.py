@@ -69,8 +69,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument(
         "--attention",
         default="default",
-        help="our DiT's attention backend(s) in (a): default, cudnn or both (both also times diffusers with cuDNN); "
-        "the first one listed runs check, (b) and (c)",
+        help="our DiT's attention backend(s) in (a), comma-separated from default, cudnn, fa4 (FlashAttention-4), or "
+        "both (= cudnn,default, and also times diffusers with cuDNN); the first one listed runs check, (b) and (c)",
     )
     p.add_argument(
         "--group-variants",
@@ -148,8 +148,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     unknown = {v.strip() for v in args.skip.split(",") if v.strip()} - {"a", "check", "ode", "b", "c"}
     if unknown:
         p.error(f"--skip: unknown part(s) {sorted(unknown)}; choose from a, check, ode, b, c")
-    if args.attention not in ("default", "cudnn", "both"):
-        p.error(f"--attention must be default, cudnn or both, got {args.attention!r}")
+    from verl_omni.models.wnm.attention import ATTENTION_BACKENDS
+
+    chosen = attention_backends(args)
+    if args.attention != "both" and (not chosen or set(chosen) - set(ATTENTION_BACKENDS)):
+        p.error(f"--attention must be both or comma-separated names from {ATTENTION_BACKENDS}, got {args.attention!r}")
     group_variants = {"eager-unshared", "eager", "compiled", "compiled-no-epilogue", "isolated", "fp8"}
     bad = set(_csv(args.group_variants)) - group_variants
     bad |= set(_csv(args.train_variants)) - {"eager", "compiled"}
@@ -204,7 +207,9 @@ def ckpt_block_counts(text: str) -> list[int | None]:
 
 def attention_backends(args) -> list[str]:
     """Our DiT's attention backends to measure, the one used by check, (b) and (c) first."""
-    return {"default": ["default"], "cudnn": ["cudnn"], "both": ["cudnn", "default"]}[args.attention]
+    if args.attention == "both":
+        return ["cudnn", "default"]
+    return [a.strip() for a in args.attention.split(",") if a.strip()]
 
 
 # ----------------------------------------------------------------------------------------- timing helpers

@@ -170,6 +170,30 @@ def test_vllm_omni_backend_without_the_extra_is_refused(monkeypatch):
     assert "WAM_ROLLOUT_BACKEND" not in dict(report.failures)
 
 
+def test_attention_backend_is_checked_before_ray_starts(monkeypatch):
+    from verl_omni.models.wnm import flash_attention4
+
+    report = Report()
+    check_environment({"WAM_ATTENTION_BACKEND": "flash3"}, report, "")
+    assert "must be one of default, cudnn, fa4" in dict(report.failures)["WAM_ATTENTION_BACKEND"]
+    # fa4 on GPUs without an importable FlashAttention-4: refused by name, with the install command.
+    monkeypatch.setattr(flash_attention4, "fa4_available", lambda: False)
+    report = Report()
+    check_environment({"WAM_ATTENTION_BACKEND": "fa4", "WAM_GPUS_PER_NODE": "1"}, report, "")
+    msg = dict(report.failures)["WAM_ATTENTION_BACKEND"]
+    assert "WAM_ATTENTION_BACKEND=fa4" in msg and "pip install flash-attn-4" in msg
+    # Without GPUs it only notes that the default kernel runs; installed, it passes.
+    report = Report()
+    check_environment({"WAM_ATTENTION_BACKEND": "fa4", "WAM_GPUS_PER_NODE": "0"}, report, "")
+    assert "WAM_ATTENTION_BACKEND" not in dict(report.failures)
+    assert any("WAM_ATTENTION_BACKEND=fa4 has no effect without GPUs" in n for n in report.notes)
+    monkeypatch.setattr(flash_attention4, "fa4_available", lambda: True)
+    for value in ("fa4", "cudnn", "default", ""):
+        report = Report()
+        check_environment({"WAM_ATTENTION_BACKEND": value, "WAM_GPUS_PER_NODE": "1"}, report, "")
+        assert "WAM_ATTENTION_BACKEND" not in dict(report.failures), value
+
+
 def test_gpu_plan_of_recipe_defaults_matches_rollout_and_update_shapes(monkeypatch, tmp_path):
     # 1 node x 8 GPUs: 8 prompts x 16 rollouts, mini-batch 8 prompts -> 16 rollouts per rank; micro 16 (recipe
     # target) equals the rollout's 16 per DiT call, so the recomputed bf16 log-probs use the rollout's shape.

@@ -171,6 +171,17 @@ def test_rollout_gelu_epilogue_defaults_on_and_must_be_a_bool():
         trainer_config_from_dict(_minimal(rollout={"gelu_epilogue": "no"}))
 
 
+def test_actor_attention_backend_defaults_to_default_and_names_the_known_kernels():
+    from verl_omni.models.wnm.attention import ATTENTION_BACKENDS
+    from verl_omni.trainer.config import ATTENTION_BACKEND_NAMES
+
+    assert ATTENTION_BACKEND_NAMES == ATTENTION_BACKENDS  # the config's torch-free copy of the model's list
+    assert trainer_config_from_dict(_minimal()).actor.attention_backend == "default"
+    assert trainer_config_from_dict(_minimal(actor={"attention_backend": "fa4"})).actor.attention_backend == "fa4"
+    with pytest.raises(ConfigError, match=r"actor\.attention_backend: must be one of default, cudnn, fa4"):
+        trainer_config_from_dict(_minimal(actor={"attention_backend": "flash3"}))
+
+
 def test_sections_build_the_sampler_loss_and_advantage_configs():
     cfg = trainer_config_from_dict(
         _minimal(

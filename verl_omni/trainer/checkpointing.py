@@ -80,6 +80,7 @@ RESUMABLE_KNOBS = {
     "algorithm.max_nonfinite_updates": "",
     "data.val_max_samples": "WAM_VAL_MAX_SAMPLES",
     "actor.compile": "WAM_COMPILE",
+    "actor.attention_backend": "WAM_ATTENTION_BACKEND",
     "actor.param_offload": "",
     "actor.optimizer_offload": "",  # field removed (never read); kept so older run directories can resume
     "actor.gradient_checkpointing": "",

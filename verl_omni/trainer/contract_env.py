@@ -104,6 +104,24 @@ class Settings:
     backend: str = "native"
 
 
+def check_attention_backend(env: Mapping[str, str], s: Settings, report: Report) -> None:
+    """``WAM_ATTENTION_BACKEND``: a known kernel family, and for ``fa4`` on GPUs an importable FlashAttention-4 (a
+    missing package would otherwise fail in every actor worker after Ray has started)."""
+    from verl_omni.trainer.config import ATTENTION_BACKEND_NAMES
+
+    name = "WAM_ATTENTION_BACKEND"
+    value = env.get(name, "").strip() or "default"
+    if value not in ATTENTION_BACKEND_NAMES:
+        report.fail(name, f"{name}={value!r} must be one of {', '.join(ATTENTION_BACKEND_NAMES)} (or empty: default)")
+    elif value == "fa4" and s.ints.get("WAM_GPUS_PER_NODE") == 0:
+        report.note(f"{name}=fa4 has no effect without GPUs: the DiT keeps PyTorch's default attention on CPU")
+    elif value == "fa4":
+        from verl_omni.models.wnm.flash_attention4 import FA4_INSTALL_HINT, fa4_available
+
+        if not fa4_available():
+            report.fail(name, f"{name}=fa4 but FlashAttention-4 does not import here: {FA4_INSTALL_HINT}")
+
+
 def check_environment(env: Mapping[str, str], report: Report, paths_env: str) -> Settings:
     """Checks variables of paths.env and the per-run knobs; fills ``report``."""
     s = Settings()
@@ -165,6 +183,7 @@ def check_environment(env: Mapping[str, str], report: Report, paths_env: str) ->
         if not vllm_omni_available():
             report.fail("WAM_ROLLOUT_BACKEND", missing_extra_message("WAM_ROLLOUT_BACKEND=vllm_omni"))
     s.backend = backend
+    check_attention_backend(env, s, report)
     for name in BOOLEAN_VARS:
         _, err = parse_bool(env, name)
         if err:

@@ -192,6 +192,7 @@ class ActorRolloutWorker(Worker):
         register_fsdp_forward_method(model.transformer, "history_kv")
         model.transformer.set_history_attention(cfg.actor.history_attention)
         model.transformer.gelu_epilogue = cfg.rollout.gelu_epilogue
+        model.transformer.attention_backend = cfg.actor.attention_backend  # fa4 without its package fails here
         if cfg.actor.compile:
             from verl_omni.models.wnm.compilation import set_activation_memory_budget
 
@@ -269,6 +270,7 @@ class ActorRolloutWorker(Worker):
             chunk_size=cfg.rollout.micro_batch_size,
             history_attention=cfg.actor.history_attention,
             gelu_epilogue=cfg.rollout.gelu_epilogue,
+            attention_backend=cfg.actor.attention_backend,
             max_num_seqs=cfg.rollout.micro_batch_size,
         )
         # CPU and GPU alike: the engine in its own process, a Ray actor next to this rank (same node, this rank's
@@ -291,6 +293,7 @@ class ActorRolloutWorker(Worker):
         fp8 = self._fp8_transformer
         fp8.set_history_attention(cfg.actor.history_attention)
         fp8.gelu_epilogue = cfg.rollout.gelu_epilogue  # its feed-forward input stays bf16 unless converted
+        fp8.attention_backend = cfg.actor.attention_backend
         if cfg.actor.compile:
             fp8.compile_blocks()
         return NativeRolloutBackend(

@@ -46,16 +46,20 @@ def test_engine_applies_the_trainers_model_settings_and_refuses_bad_ones():
         od = SimpleNamespace(model=None, dtype="float32", custom_pipeline_args=args)
         return WNMDiTPipeline(od_config=od, model=build_wnm_model(WNMConfig.from_size("tiny", variant="wnm_3d")))
 
-    args = VllmOmniEngineConfig(checkpoint="ck", history_attention="isolated", gelu_epilogue=False)
-    args = args.custom_pipeline_args()
+    args = VllmOmniEngineConfig(
+        checkpoint="ck", history_attention="isolated", gelu_epilogue=False, attention_backend="cudnn"
+    ).custom_pipeline_args()
     assert args["history_attention"] == "isolated" and args["gelu_epilogue"] is False
+    assert args["attention_backend"] == "cudnn"
     pipe = pipeline(args)
     assert pipe.transformer.history_attention == "isolated" and pipe.transformer.gelu_epilogue is False
+    assert pipe.transformer.attention_backend == "cudnn"
     # Unset (None): the model keeps its own settings.
     plain = VllmOmniEngineConfig(checkpoint="ck").custom_pipeline_args()
     pipe = pipeline(plain)
     assert pipe.transformer.history_attention == "full" and pipe.transformer.gelu_epilogue is True
-    for bad in ({"history_attention": "joint"}, {"gelu_epilogue": "no"}):
+    assert pipe.transformer.attention_backend == "default"
+    for bad in ({"history_attention": "joint"}, {"gelu_epilogue": "no"}, {"attention_backend": "flash3"}):
         with pytest.raises(ValueError, match=next(iter(bad))):
             pipeline({**plain, **bad})
 

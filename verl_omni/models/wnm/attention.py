@@ -55,7 +55,9 @@ def _qk_norm(norm: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
 # gets; with torch 2.11 on an H100 that is already cuDNN's fused kernel for our unmasked bf16 calls (1.6-1.7x
 # flash attention 2's forward at the Wan-1.3B shapes; scripts/bench_attention.py). "cudnn": forces cuDNN's kernel
 # where it applies (CUDA, bf16/fp16, no mask), for a torch whose own choice differs; other calls keep the default.
-ATTENTION_BACKENDS = ("default", "cudnn")
+# "fa4": FlashAttention-4's kernels (optional package, flash_attention4.py) where they apply (CUDA, bf16/fp16, no
+# mask); other calls, and every call on CPU, keep the default.
+ATTENTION_BACKENDS = ("default", "cudnn", "fa4")
 
 
 def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, backend: str):
@@ -64,8 +66,13 @@ def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Te
     ``mask``: ``[B, 1, 1, L]`` bool (True = attend) or None. Same call as diffusers' native dispatch (heads
     moved to dim 1 as strided views, no copies); ``backend`` picks the kernel family (:data:`ATTENTION_BACKENDS`).
     """
+    fused_ok = mask is None and q.is_cuda and q.dtype in (torch.bfloat16, torch.float16)
+    if backend == "fa4" and fused_ok:
+        from .flash_attention4 import fa4_attention
+
+        return fa4_attention(q, k, v).flatten(2, 3)
     q, k, v = (t.transpose(1, 2) for t in (q, k, v))
-    if backend == "cudnn" and mask is None and q.is_cuda and q.dtype in (torch.bfloat16, torch.float16):
+    if backend == "cudnn" and fused_ok:
         from torch.nn.attention import SDPBackend, sdpa_kernel
 
         with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):

@@ -151,13 +151,22 @@ class WNMTransformer(nn.Module):
 
     @property
     def attention_backend(self) -> str:
-        """Attention kernel family of every block: ``default`` or ``cudnn`` (see :data:`ATTENTION_BACKENDS`)."""
+        """Attention kernel family of every block: ``default``, ``cudnn`` or ``fa4`` (see :data:`ATTENTION_BACKENDS`).
+
+        Setting ``fa4`` where a GPU is visible raises ImportError (with the install command) unless FlashAttention-4
+        can be imported, so a missing package fails at set-up and not at the first forward.
+        """
         return self.blocks[0].attention_backend if len(self.blocks) else "default"
 
     @attention_backend.setter
     def attention_backend(self, backend: str) -> None:
         if backend not in ATTENTION_BACKENDS:
             raise ValueError(f"attention_backend must be one of {ATTENTION_BACKENDS}, got {backend!r}")
+        if backend == "fa4" and torch.cuda.is_available():
+            from .flash_attention4 import FA4_INSTALL_HINT, fa4_available
+
+            if not fa4_available():
+                raise ImportError(f"{FA4_INSTALL_HINT}; flash_attn.cute is not importable")
         for block in self.blocks:
             block.attention_backend = backend
 

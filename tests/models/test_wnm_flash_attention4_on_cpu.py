@@ -1,0 +1,146 @@
+"""The FlashAttention-4 op's plumbing (``flash_attention4.py``) on CPU: shapes, layout, scale, autograd, compile.
+
+FlashAttention-4's kernels run only on Hopper/Blackwell GPUs, so here the package's two entry points are replaced
+by a float64 double written out from the attention formulas (forward: softmax of the scaled scores; backward: the
+standard closed form dV = P^T dO, dS = P * (dO V^T - rowsum(dO * O)), dQ = s dS K, dK = s dS^T Q). Everything of ours
+around the kernel (the [B, S, H, Dh] layout, the default scale, the log-sum-exp output, the autograd formula, the
+fake implementation that torch.compile traces) is what runs. The kernels themselves are compared with PyTorch's
+math attention in ``test_wnm_flash_attention4_on_gpu.py``.
+"""
+
+from __future__ import annotations
+
+import copy
+import types
+
+import pytest
+import torch
+import torch.nn.functional as F
+from wnm_inputs import random_dit_inputs
+
+from verl_omni.models.wnm import WNMConfig, WNMTransformer
+from verl_omni.models.wnm import flash_attention4 as fa4
+
+torch.set_num_threads(1)
+
+
+def _scores(q, k, scale):
+    # q [B, S, H, D], k [B, L, H, D] -> [B, H, S, L]
+    return torch.einsum("bshd,blhd->bhsl", q.double(), k.double()) * scale
+
+
+def _double_fwd(q, k, v, softmax_scale=None, causal=False, return_lse=False, **unused):
+    assert not causal and return_lse and not unused
+    s = _scores(q, k, softmax_scale)
+    lse = torch.logsumexp(s, dim=-1)  # [B, H, S]
+    p = torch.exp(s - lse[..., None])
+    out = torch.einsum("bhsl,blhd->bshd", p, v.double())
+    return out.to(q.dtype), lse.float(), None, None, None
+
+
+def _double_bwd(q, k, v, out, dout, lse, softmax_scale=None, causal=False, **unused):
+    assert not causal and not unused
+    p = torch.exp(_scores(q, k, softmax_scale) - lse.double()[..., None])
+    do = dout.double()
+    dv = torch.einsum("bhsl,bshd->blhd", p, do)
+    dp = torch.einsum("bshd,blhd->bhsl", do, v.double())
+    delta = (do * out.double()).sum(-1).transpose(1, 2)  # rowsum(dO * O) -> [B, H, S]
+    ds = p * (dp - delta[..., None])
+    dq = torch.einsum("bhsl,blhd->bshd", ds, k.double()) * softmax_scale
+    dk = torch.einsum("bhsl,bshd->blhd", ds, q.double()) * softmax_scale
+    return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
+
+
+@pytest.fixture
+def kernel_double(monkeypatch):
+    calls = {"fwd": 0, "bwd": 0}
+
+    def fwd(*a, **kw):
+        calls["fwd"] += 1
+        return _double_fwd(*a, **kw)
+
+    def bwd(*a, **kw):
+        calls["bwd"] += 1
+        return _double_bwd(*a, **kw)
+
+    monkeypatch.setattr(fa4, "_interface", lambda: types.SimpleNamespace(_flash_attn_fwd=fwd, _flash_attn_bwd=bwd))
+    return calls
+
+
+def _qkv(b=2, s=7, length=5, h=3, d=8, dtype=torch.float64, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return tuple(torch.randn(b, n, h, d, generator=g, dtype=dtype) for n in (s, length, length))
+
+
+def test_fake_shapes_are_flash_attention_layout():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        q = torch.empty(2, 10, 3, 8, dtype=torch.bfloat16)
+        k = torch.empty(2, 7, 3, 8, dtype=torch.bfloat16)
+        out, lse = torch.ops.wnm.fa4_attention(q, k, k, 0.5)
+        grads = torch.ops.wnm.fa4_attention_backward(out, q, k, k, out, lse, 0.5)
+    assert out.shape == (2, 10, 3, 8) and out.dtype == torch.bfloat16
+    assert lse.shape == (2, 3, 10) and lse.dtype == torch.float32
+    assert [g.shape for g in grads] == [q.shape, k.shape, k.shape]
+
+
+def test_output_and_gradients_equal_sdpa_with_the_default_scale(kernel_double):
+    q, k, v = (t.requires_grad_() for t in _qkv())
+    out = fa4.fa4_attention(q, k, v)
+    assert out.shape == q.shape
+    ref_q, ref_k, ref_v = (t.detach().clone().requires_grad_() for t in (q, k, v))
+    # SDPA takes [B, H, S, D]; its default scale is 1/sqrt(D), which fa4_attention must pass on.
+    ref = F.scaled_dot_product_attention(*(t.transpose(1, 2) for t in (ref_q, ref_k, ref_v))).transpose(1, 2)
+    torch.testing.assert_close(out, ref, rtol=1e-10, atol=1e-12)
+    grad = torch.randn_like(out)
+    got = torch.autograd.grad(out, (q, k, v), grad)
+    want = torch.autograd.grad(ref, (ref_q, ref_k, ref_v), grad)
+    for g, w in zip(got, want, strict=True):  # the log-sum-exp travels as float32, as the kernel stores it
+        torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-6)
+    assert kernel_double == {"fwd": 1, "bwd": 1}
+
+
+def test_torch_compile_fullgraph_keeps_the_op(kernel_double):
+    q, k, v = (t.requires_grad_() for t in _qkv(seed=1))
+
+    def f(q, k, v):
+        return (fa4.fa4_attention(q, k, v) * 2).sum()
+
+    compiled = torch.compile(f, fullgraph=True, backend="aot_eager")
+    loss = compiled(q, k, v)
+    grads = torch.autograd.grad(loss, (q, k, v))
+    ref_loss = f(q, k, v)
+    ref_grads = torch.autograd.grad(ref_loss, (q, k, v))
+    torch.testing.assert_close(loss, ref_loss)
+    for g, w in zip(grads, ref_grads, strict=True):
+        torch.testing.assert_close(g, w)
+    assert kernel_double["fwd"] >= 2 and kernel_double["bwd"] >= 2
+
+
+def _tiny_model():
+    torch.manual_seed(0)
+    cfg = WNMConfig.from_size("tiny")
+    return WNMTransformer(cfg).eval()
+
+
+def test_model_falls_back_to_the_default_kernel_off_gpu(kernel_double):
+    """On CPU (or with a mask, or in fp32) the fa4 backend is the default SDPA call: same outputs, no FA4 call."""
+    model = _tiny_model()
+    m = copy.deepcopy(model)
+    m.attention_backend = "fa4"
+    assert all(b.attention_backend == "fa4" for b in m.blocks)
+    inputs = random_dit_inputs(model.config, b=2, seed=3)
+    with torch.no_grad():
+        for g, r in zip(m(*inputs), model(*inputs), strict=True):
+            assert torch.equal(g, r)
+    assert kernel_double == {"fwd": 0, "bwd": 0}
+
+
+def test_setting_fa4_where_a_gpu_is_visible_but_the_package_is_not_fails_at_once(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(fa4, "fa4_available", lambda: False)
+    model = _tiny_model()
+    with pytest.raises(ImportError, match="pip install flash-attn-4"):
+        model.attention_backend = "fa4"
+    assert model.attention_backend == "default"

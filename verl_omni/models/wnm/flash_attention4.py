@@ -1,0 +1,120 @@
+"""FlashAttention-4 (the ``flash-attn-4`` package, CuTe DSL kernels for Hopper and Blackwell) as a PyTorch op.
+
+Why our own op and not PyTorch's registry (``torch.nn.attention.activate_flash_attention_impl("FA4")``): torch
+2.11's adapter unpacks two values from ``flash_attn.cute.interface._flash_attn_fwd``, which returns five in every
+``flash-attn-4`` release we could install (4.0.0b36, b40), so each call fails. The adapter also moves the heads
+to dimension 1 and copies the output back to that layout, while FlashAttention's own layout, ``[B, S, H, Dh]``, is
+the one our projections already produce: called here, no tensor is copied on the way in or out.
+
+``wnm::fa4_attention`` is a ``torch.library`` custom op with a fake (shape) implementation and an autograd
+formula, so ``torch.compile`` keeps it as one opaque kernel call in the graph (fullgraph included) and the backward
+runs FlashAttention-4's backward kernel. The package is imported on the first call only, so importing this module
+costs nothing where it is not installed.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+FA4_INSTALL_HINT = (
+    "attention_backend 'fa4' needs FlashAttention-4 on a Hopper or Blackwell GPU: pip install flash-attn-4 "
+    "'nvidia-cutlass-dsl[cu13]' (the cu13 extra for a CUDA 13 torch)"
+)
+
+
+def fa4_available() -> bool:
+    """Whether FlashAttention-4's interface (``flash_attn.cute.interface``) imports.
+
+    A real import, not a lookup: the package can be found while its CuTe DSL dependency (the ``cutlass`` module of
+    ``nvidia-cutlass-dsl``, put on the path by a ``.pth`` file) is missing, which fails only at import (seen on the
+    device with ``pip install --target``).
+    """
+    try:
+        _interface()
+    except ImportError:
+        return False
+    return True
+
+
+def _interface():
+    try:
+        from flash_attn.cute import interface
+    except ImportError as e:
+        raise ImportError(f"{FA4_INSTALL_HINT}; import failed with: {e}") from e
+    return interface
+
+
+@torch.library.custom_op("wnm::fa4_attention", mutates_args=())
+def fa4_attention_with_lse(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_scale: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Non-causal, unmasked attention of ``q [B, S, H, Dh]`` over ``k, v [B, L, H, Dh]`` (bf16 or fp16, CUDA).
+
+    Returns:
+        ``(out [B, S, H, Dh] in q's dtype, lse [B, H, S] float32)``: the output and each query's log-sum-exp
+        of its scaled scores (what the backward needs).
+    """
+    out, lse, *_ = _interface()._flash_attn_fwd(
+        q.contiguous(), k.contiguous(), v.contiguous(), softmax_scale=softmax_scale, causal=False, return_lse=True
+    )
+    return out, lse
+
+
+@fa4_attention_with_lse.register_fake
+def _fa4_attention_fake(q, k, v, softmax_scale):
+    b, s, h, _ = q.shape
+    return q.new_empty(b, s, h, v.shape[-1]), q.new_empty(b, h, s, dtype=torch.float32)
+
+
+@torch.library.custom_op("wnm::fa4_attention_backward", mutates_args=())
+def fa4_attention_backward(
+    grad_out: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    out: torch.Tensor,
+    lse: torch.Tensor,
+    softmax_scale: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Gradients ``(dq, dk, dv)`` of :func:`fa4_attention_with_lse`'s output, shaped like ``q, k, v``."""
+    dq, dk, dv = _interface()._flash_attn_bwd(
+        q.contiguous(),
+        k.contiguous(),
+        v.contiguous(),
+        out.contiguous(),
+        grad_out.contiguous(),
+        lse.contiguous(),
+        softmax_scale=softmax_scale,
+        causal=False,
+    )[:3]
+    return dq, dk, dv
+
+
+@fa4_attention_backward.register_fake
+def _fa4_attention_backward_fake(grad_out, q, k, v, out, lse, softmax_scale):
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+
+def _setup_context(ctx, inputs, output):
+    q, k, v, softmax_scale = inputs
+    out, lse = output
+    ctx.save_for_backward(q, k, v, out, lse)
+    ctx.softmax_scale = softmax_scale
+
+
+def _backward(ctx, grad_out, grad_lse):
+    # The log-sum-exp is an auxiliary output our callers never differentiate; its gradient is ignored.
+    q, k, v, out, lse = ctx.saved_tensors
+    dq, dk, dv = fa4_attention_backward(grad_out, q, k, v, out, lse, ctx.softmax_scale)
+    return dq, dk, dv, None
+
+
+fa4_attention_with_lse.register_autograd(_backward, setup_context=_setup_context)
+
+
+def fa4_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """Attention of ``q [B, S, H, Dh]`` over ``k, v [B, L, H, Dh]`` -> ``[B, S, H, Dh]``, scale ``1/sqrt(Dh)``
+    (``F.scaled_dot_product_attention``'s default), by FlashAttention-4."""
+    return fa4_attention_with_lse(q, k, v, 1.0 / math.sqrt(q.shape[-1]))[0]
