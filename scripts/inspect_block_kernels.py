@@ -44,6 +44,32 @@ def block_kernels(model, inputs: tuple) -> list[str]:
     return sorted(set(KERNEL_NAME.findall(codes[0])))
 
 
+def form_kernels(cfg, inputs: tuple, device, dtype, *, select: bool, rope) -> list[str]:
+    """:func:`block_kernels` of a freshly built and compiled model in one form of the block.
+
+    Args:
+        select: The compiled blocks pick each token's modulation row with ``torch.where`` (the product) rather
+            than splitting and concatenating (``block.COMPILED_GROUP_SELECT``).
+        rope: The RoPE function the attention calls (``attention._apply_rope`` or another form of it).
+
+    The module switches are read at trace time, so compilation starts afresh (``torch._dynamo.reset()``) and the
+    switches are restored afterwards, whatever happens.
+    """
+    from verl_omni.models.wnm import attention as wnm_attention
+    from verl_omni.models.wnm import block as wnm_block
+
+    before = wnm_block.COMPILED_GROUP_SELECT, wnm_attention._apply_rope
+    wnm_block.COMPILED_GROUP_SELECT, wnm_attention._apply_rope = select, rope
+    try:
+        torch._dynamo.reset()
+        model = build_ours(cfg, device, dtype)
+        model.compile_blocks()
+        return block_kernels(model, inputs)
+    finally:
+        wnm_block.COMPILED_GROUP_SELECT, wnm_attention._apply_rope = before
+        torch._dynamo.reset()
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--size", default="tiny")
@@ -54,7 +80,6 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     from verl_omni.models.wnm import WNMConfig
     from verl_omni.models.wnm import attention as wnm_attention
-    from verl_omni.models.wnm import block as wnm_block
 
     cfg = WNMConfig.from_size(args.size)
     if args.batch < 1:
@@ -72,18 +97,11 @@ def main(argv=None) -> int:
         ("stacked RoPE + split/cat (session 33's forward)", False, stacked_rope),
     ]
     print(f"size {cfg.size}, {args.dtype}, batch {args.batch}, {args.device}, torch {torch.__version__}")
-    try:
-        for name, select, rope in forms:
-            wnm_block.COMPILED_GROUP_SELECT, wnm_attention._apply_rope = select, rope
-            torch._dynamo.reset()  # each form compiles afresh; the module switches are read at trace time
-            model = build_ours(cfg, device, dtype)
-            model.compile_blocks()
-            kernels = block_kernels(model, inputs)
-            print(f"\n{name}: {len(kernels)} fused kernels in the first block's graph")
-            for k in kernels:
-                print(f"    {k}")
-    finally:
-        wnm_block.COMPILED_GROUP_SELECT, wnm_attention._apply_rope = True, product_rope
+    for name, select, rope in forms:
+        kernels = form_kernels(cfg, inputs, device, dtype, select=select, rope=rope)
+        print(f"\n{name}: {len(kernels)} fused kernels in the first block's graph")
+        for k in kernels:
+            print(f"    {k}")
     return 0
 
 

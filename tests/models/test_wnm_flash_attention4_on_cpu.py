@@ -144,3 +144,14 @@ def test_setting_fa4_where_a_gpu_is_visible_but_the_package_is_not_fails_at_once
     with pytest.raises(ImportError, match="pip install flash-attn-4"):
         model.attention_backend = "fa4"
     assert model.attention_backend == "default"
+
+
+def test_backward_warns_under_deterministic_algorithms(kernel_double):
+    q, k, v = (t.requires_grad_() for t in _qkv(seed=2))
+    before = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    try:
+        with pytest.warns(UserWarning, match="FlashAttention-4.*deterministic"):
+            torch.autograd.grad(fa4.fa4_attention(q, k, v).sum(), (q, k, v))
+    finally:
+        torch.use_deterministic_algorithms(before[0], warn_only=before[1])

@@ -33,27 +33,27 @@ def test_bad_arguments_are_refused_by_name(argv, capsys):
     assert argv[0] in capsys.readouterr().err
 
 
-def test_stacked_rope_adds_a_layout_copy_kernel_in_front_of_attention(monkeypatch):
+def test_stacked_rope_adds_a_layout_copy_kernel_in_front_of_attention():
     """The H100 profile of session 33 showed a transposing copy of the self-attention output with the stacked RoPE;
     writing into ``empty_like(x)`` slices removed it there. Inductor's CPU backend shows the same: one fused kernel
     more, whose name is a copy/transpose feeding attention and holds no norm or RoPE arithmetic."""
     from bench_modulation import stacked_rope
-    from bench_stage3_gpu import build_ours, forward_inputs, padded_instruction
+    from bench_stage3_gpu import forward_inputs, padded_instruction
 
     from verl_omni.models.wnm import WNMConfig
     from verl_omni.models.wnm import attention as wnm_attention
+    from verl_omni.models.wnm import block as wnm_block
 
     cfg = WNMConfig.from_size("tiny")
     _, inputs = forward_inputs(cfg, 2, 8, torch.device("cpu"), torch.bfloat16)
     inputs = padded_instruction(inputs, 4, cfg)
-    found = {}
-    for name, rope in (("slices", wnm_attention._apply_rope), ("stacked", stacked_rope)):
-        monkeypatch.setattr(wnm_attention, "_apply_rope", rope)
-        torch._dynamo.reset()
-        model = build_ours(cfg, torch.device("cpu"), torch.bfloat16)
-        model.compile_blocks()
-        found[name] = ibk.block_kernels(model, inputs)
-    torch._dynamo.reset()
+    product_rope = wnm_attention._apply_rope
+    found = {
+        name: ibk.form_kernels(cfg, inputs, torch.device("cpu"), torch.bfloat16, select=True, rope=rope)
+        for name, rope in (("slices", product_rope), ("stacked", stacked_rope))
+    }
+    # The product's forms are back in place afterwards.
+    assert wnm_attention._apply_rope is product_rope and wnm_block.COMPILED_GROUP_SELECT is True
     if not found["slices"]:
         pytest.fail("inductor generated no fused kernels for the compiled block")
     extra = set(found["stacked"]) - set(found["slices"])

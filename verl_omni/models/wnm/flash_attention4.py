@@ -15,6 +15,7 @@ costs nothing where it is not installed.
 from __future__ import annotations
 
 import math
+import warnings
 
 import torch
 
@@ -78,7 +79,19 @@ def fa4_attention_backward(
     lse: torch.Tensor,
     softmax_scale: float,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Gradients ``(dq, dk, dv)`` of :func:`fa4_attention_with_lse`'s output, shaped like ``q, k, v``."""
+    """Gradients ``(dq, dk, dv)`` of :func:`fa4_attention_with_lse`'s output, shaped like ``q, k, v``.
+
+    The backward kernel accumulates dq with atomics, so its bits can change from run to run, like cuDNN's attention
+    backward. Under ``torch.use_deterministic_algorithms(..., warn_only=True)`` (``trainer.deterministic``) this
+    warns, as PyTorch does for cuDNN. FlashAttention-4 also has a deterministic backward; it is not used because it
+    has not been measured here.
+    """
+    if torch.are_deterministic_algorithms_enabled():
+        warnings.warn(
+            "wnm::fa4_attention_backward (FlashAttention-4) does not have a deterministic implementation in use: its "
+            "gradients may differ in the last bits between runs",
+            stacklevel=2,
+        )
     dq, dk, dv = _interface()._flash_attn_bwd(
         q.contiguous(),
         k.contiguous(),
