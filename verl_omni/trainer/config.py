@@ -299,8 +299,9 @@ class ActorConfig:
     same way): ``default`` (PyTorch's choice, cuDNN's fused kernel on Hopper), ``cudnn`` (forced) or ``fa4``
     (FlashAttention-4, the optional ``flash-attn-4`` package, on Hopper and Blackwell; CPU keeps the default).
     Measured on one H100 at Wan2.1-1.3B (docs/benchmarks.md, session 35): ``fa4`` made the compiled forward 3% faster
-    (1.049x against 1.017x compiled diffusers) and its backward kernel 11% faster than cuDNN's at our shapes. Its
-    kernels compile at the first call (about a minute in all). Off (``default``) unless a user installs the package.
+    (1.049x against 1.017x compiled diffusers) and its backward kernel 11% faster than cuDNN's at our self-attention
+    shape. Its kernels are JIT-compiled at their first call (start-up time not measured separately). Off
+    (``default``) unless a user installs the package.
 
     ``activation_memory_budget`` (compiled actors only; None = inductor's default) hands the choice of what to
     recompute to inductor's partitioner instead: the compiled block keeps at most that share of the activations
