@@ -117,3 +117,26 @@ def test_compiled_blocks_do_not_recompile_for_every_instruction_length(model, mo
     # The first length compiles two static graphs (the blocks, and the last block that returns only the target
     # tokens), the second length their forms with a dynamic context length; after that nothing new compiles.
     assert graphs == [2, 4, 4, 4, 4, 4], graphs
+
+
+def test_attended_range_counted_once_gives_the_same_forward(model, monkeypatch):
+    """A context that carries its attended-token counts (``with_attended_range``) is cut the same way without
+    counting on the device again: the same bits, and no ``tolist`` in the forward."""
+    cfg = model.config
+    m16 = copy.deepcopy(model).to(torch.bfloat16)
+    ctx = _context(cfg, [2, 9], seed=6, dtype=torch.bfloat16)
+    counted = ctx.with_attended_range()
+    other = cfg.context_tokens - cfg.text_max_length  # the image/geometry tokens every row attends to
+    assert counted.encoder_attended_range == (2 + other, 9 + other)  # counted by hand from _context's mask
+    assert counted.to(dtype=torch.bfloat16).encoder_attended_range == (2 + other, 9 + other)
+    assert counted.select(torch.tensor([0])).encoder_attended_range is None  # other rows, other counts
+    g = torch.Generator().manual_seed(7)
+    x = torch.randn(2, *cfg.target_latent_shape, generator=g).bfloat16()
+    a = torch.randn(2, cfg.action_steps, cfg.action_channels, generator=g).bfloat16()
+    s = torch.rand(2, generator=g)
+    with torch.no_grad():
+        want = m16(x, a, s, ctx)
+        monkeypatch.setattr(torch.Tensor, "tolist", lambda self: pytest.fail("the forward counted on the device"))
+        got = m16(x, a, s, counted)
+    for g_, w in zip(got, want, strict=True):
+        assert torch.equal(g_, w)

@@ -7,6 +7,7 @@ optionally cached history keys/values); :class:`_FeatureProjector` maps an encod
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -31,6 +32,10 @@ class WNMContext:
             device, which waits for the device once per forward (an all-True mask is dropped so that flash
             attention can run). A wrong value changes nothing but the attention kernel when the mask is all True;
             True with a mask that masks something would ignore it, so set it only from the mask itself.
+        encoder_attended_range: ``(fewest, most)`` attended tokens of a row (True entries of ``encoder_mask``), when
+            known on the host; see :meth:`with_attended_range`. None = not known: the bf16 forward, which cuts the
+            context to its attended tokens, then counts them on the device, waiting for the device once per
+            forward. Kept by :meth:`to`, dropped by :meth:`select` (other rows may count otherwise).
     """
 
     history_latents: torch.Tensor
@@ -38,6 +43,7 @@ class WNMContext:
     encoder_mask: torch.Tensor | None = None
     history_kv: tuple[tuple[torch.Tensor, torch.Tensor], ...] | None = None
     encoder_mask_all_true: bool | None = None
+    encoder_attended_range: tuple[int, int] | None = None
 
     def __post_init__(self) -> None:
         b = self.history_latents.shape[0]
@@ -55,6 +61,15 @@ class WNMContext:
                 f"WNMContext.encoder_mask must be bool [B, L]={tuple(self.encoder_tokens.shape[:2])}, got "
                 f"{self.encoder_mask.dtype} {tuple(self.encoder_mask.shape)}"
             )
+
+    def with_attended_range(self) -> WNMContext:
+        """The same context with :attr:`encoder_attended_range` filled in (one host sync, here instead of in every
+        forward that reuses the context, e.g. the denoising steps of one rollout chunk)."""
+        if self.encoder_mask is None or self.encoder_attended_range is not None:
+            return self
+        counts = self.encoder_mask.sum(dim=1)
+        lo, hi = (int(v) for v in torch.stack([counts.min(), counts.max()]).tolist())
+        return dataclasses.replace(self, encoder_attended_range=(lo, hi))
 
     @property
     def batch_size(self) -> int:
@@ -86,12 +101,12 @@ class WNMContext:
             encoder_mask=None if self.encoder_mask is None else self.encoder_mask.to(device=device),
             history_kv=kv,
             encoder_mask_all_true=self.encoder_mask_all_true,
+            encoder_attended_range=self.encoder_attended_range,
         )
 
     def with_history_kv(self, history_kv) -> WNMContext:
         """The same context carrying precomputed history keys/values (one entry per block)."""
-        return WNMContext(self.history_latents, self.encoder_tokens, self.encoder_mask, tuple(history_kv),
-                          self.encoder_mask_all_true)  # fmt: skip
+        return dataclasses.replace(self, history_kv=tuple(history_kv))
 
 
 class _FeatureProjector(nn.Module):

@@ -15,7 +15,7 @@ import torch
 from verl_omni.pipelines.wnm_shared.backend import RolloutResults
 from verl_omni.pipelines.wnm_shared.layers import JointLayout, LayerTable, check_layer_names
 from verl_omni.pipelines.wnm_shared.sde import transition_layer_logprob
-from verl_omni.pipelines.wnm_shared.velocity import VelocityFn, check_finite, chunk_slices, joint_velocity
+from verl_omni.pipelines.wnm_shared.velocity import FiniteChecks, VelocityFn, chunk_slices, joint_velocity
 
 
 def recompute_layer_logprobs(
@@ -84,16 +84,18 @@ def recompute_layer_logprobs(
             states = window_states[sel].to(device=device, dtype=torch.float32)
             chunk_ids = [ids[i] for i in rows]
             per_step = []
+            checks = FiniteChecks(chunk_ids)  # read once per chunk, not once per step (no sync between forwards)
             for j, (step, g) in enumerate(zip(steps, coefs, strict=True)):
                 s, s_next = float(sigmas[step]), float(sigmas[step + 1])
                 x, x_next = states[:, j], states[:, j + 1]
                 v = joint_velocity(velocity_fn, layout, x, s, chunk_ctx, dtype)
                 if check_values:
-                    check_finite(v, "velocity", chunk_ids, step)
+                    checks.add(v, "velocity", step)
                 per_step.append(transition_layer_logprob(x, v, x_next, s, s_next, g, table))
             logp = torch.stack(per_step, 1)
             if check_values:
-                check_finite(logp, "log-probs", chunk_ids, None)
+                checks.add(logp, "log-probs", None)
+            checks.raise_first()
             for k, i in enumerate(rows):
                 out[i] = logp[k]
     return torch.stack(out)
