@@ -67,8 +67,7 @@ def main(argv=None) -> int:
     p.add_argument(
         "--fa4",
         action="store_true",
-        help="also time our model with attention_backend 'fa4' and 'fa4-self' (FlashAttention-4 everywhere, and for "
-        "self-attention only; the anchors keep their default)",
+        help="also time our model with attention_backend 'fa4' (FlashAttention-4; the anchors keep their default)",
     )
     p.add_argument(
         "--text-valid",
@@ -246,18 +245,9 @@ def main(argv=None) -> int:
                 v_fa4 = run_ours(True, True, attention="fa4")[0].float()
             diffs["FlashAttention-4 vs now (cuDNN)"] = float((v_fa4 - v_now).norm() / v_now.norm())
             entries["WNM eager, FlashAttention-4"] = lambda f=run_ours: f(True, True, attention="fa4")
-            with torch.no_grad():
-                v_fa4_self = run_ours(True, True, attention="fa4-self")[0].float()
-            diffs["FlashAttention-4 self only vs now (cuDNN)"] = float((v_fa4_self - v_now).norm() / v_now.norm())
-            entries["WNM eager, FlashAttention-4 self-attn only"] = lambda f=run_ours: f(
-                True, True, attention="fa4-self"
-            )
             if args.compiled:
                 entries["WNM compiled, FlashAttention-4"] = lambda f=run_ours: f(
                     True, True, True, ours_compiled, attention="fa4"
-                )
-                entries["WNM compiled, FlashAttention-4 self-attn only"] = lambda f=run_ours: f(
-                    True, True, True, ours_compiled, attention="fa4-self"
                 )
         if args.current_only:
             for name in [n for n in entries if "fp32 norms" in n or "last block over all" in n]:

@@ -69,9 +69,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument(
         "--attention",
         default="default",
-        help="our DiT's attention backend(s) in (a), comma-separated from default, cudnn, fa4 (FlashAttention-4), "
-        "fa4-self (FlashAttention-4 for self-attention only), or both (= cudnn,default, and also times diffusers "
-        "with cuDNN); the first one listed runs check, (b) and (c)",
+        help="our DiT's attention backend(s) in (a), comma-separated from default, cudnn, fa4 (FlashAttention-4), or "
+        "both (= cudnn,default, and also times diffusers with cuDNN); the first one listed runs check, (b) and (c)",
     )
     p.add_argument(
         "--group-variants",

@@ -175,24 +175,24 @@ def test_attention_backend_is_checked_before_ray_starts(monkeypatch):
 
     report = Report()
     check_environment({"WAM_ATTENTION_BACKEND": "flash3"}, report, "")
-    assert "must be one of default, cudnn, fa4, fa4-self" in dict(report.failures)["WAM_ATTENTION_BACKEND"]
+    assert "must be one of default, cudnn, fa4" in dict(report.failures)["WAM_ATTENTION_BACKEND"]
     # fa4 on GPUs without an importable FlashAttention-4: refused by name, with the install command.
     monkeypatch.setattr(flash_attention4, "fa4_available", lambda: False)
     report = Report()
     check_environment({"WAM_ATTENTION_BACKEND": "fa4", "WAM_GPUS_PER_NODE": "1"}, report, "")
     msg = dict(report.failures)["WAM_ATTENTION_BACKEND"]
     assert "WAM_ATTENTION_BACKEND=fa4" in msg and "pip install flash-attn-4" in msg
-    # fa4-self needs the package too; an empty GPU count means "detect at launch", so GPUs are assumed.
+    # An empty GPU count means "detect at launch", so GPUs are assumed and the package is required.
     report = Report()
-    check_environment({"WAM_ATTENTION_BACKEND": "fa4-self", "WAM_GPUS_PER_NODE": ""}, report, "")
-    assert "WAM_ATTENTION_BACKEND=fa4-self but FlashAttention-4" in dict(report.failures)["WAM_ATTENTION_BACKEND"]
+    check_environment({"WAM_ATTENTION_BACKEND": "fa4", "WAM_GPUS_PER_NODE": ""}, report, "")
+    assert "WAM_ATTENTION_BACKEND=fa4 but FlashAttention-4" in dict(report.failures)["WAM_ATTENTION_BACKEND"]
     # Without GPUs it only notes that the default kernel runs; installed, it passes.
     report = Report()
     check_environment({"WAM_ATTENTION_BACKEND": "fa4", "WAM_GPUS_PER_NODE": "0"}, report, "")
     assert "WAM_ATTENTION_BACKEND" not in dict(report.failures)
     assert any("WAM_ATTENTION_BACKEND=fa4 has no effect without GPUs" in n for n in report.notes)
     monkeypatch.setattr(flash_attention4, "fa4_available", lambda: True)
-    for value in ("fa4", "fa4-self", "cudnn", "default", ""):
+    for value in ("fa4", "cudnn", "default", ""):
         report = Report()
         check_environment({"WAM_ATTENTION_BACKEND": value, "WAM_GPUS_PER_NODE": "1"}, report, "")
         assert "WAM_ATTENTION_BACKEND" not in dict(report.failures), value

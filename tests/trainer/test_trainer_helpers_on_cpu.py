@@ -177,9 +177,8 @@ def test_actor_attention_backend_defaults_to_default_and_names_the_known_kernels
 
     assert ATTENTION_BACKEND_NAMES == ATTENTION_BACKENDS  # the config's torch-free copy of the model's list
     assert trainer_config_from_dict(_minimal()).actor.attention_backend == "default"
-    for name in ("fa4", "fa4-self"):
-        assert trainer_config_from_dict(_minimal(actor={"attention_backend": name})).actor.attention_backend == name
-    with pytest.raises(ConfigError, match=r"actor\.attention_backend: must be one of default, cudnn, fa4, fa4-self"):
+    assert trainer_config_from_dict(_minimal(actor={"attention_backend": "fa4"})).actor.attention_backend == "fa4"
+    with pytest.raises(ConfigError, match=r"actor\.attention_backend: must be one of default, cudnn, fa4"):
         trainer_config_from_dict(_minimal(actor={"attention_backend": "flash3"}))
 
 

@@ -22,7 +22,7 @@ from verl_omni.contracts import LAYER_NAMES, VARIANTS
 RECIPE_NAME = "wnm-3d-stage3-navigation-grpo-r1"
 # The DiT's attention kernel families (verl_omni.models.wnm.attention.ATTENTION_BACKENDS, restated so that the
 # config stays importable without torch; a CPU test checks that the two agree).
-ATTENTION_BACKEND_NAMES = ("default", "cudnn", "fa4", "fa4-self")
+ATTENTION_BACKEND_NAMES = ("default", "cudnn", "fa4")
 
 
 class ConfigError(ValueError):
@@ -296,9 +296,8 @@ class ActorConfig:
     built (the actor worker), since only the checkpoint tells that count.
 
     ``attention_backend`` picks the DiT's attention kernels for the rollout and the update alike (so both round the
-    same way): ``default`` (PyTorch's choice, cuDNN's fused kernel on Hopper), ``cudnn`` (forced), ``fa4``
-    (FlashAttention-4, the optional ``flash-attn-4`` package, on Hopper and Blackwell; CPU keeps the default) or
-    ``fa4-self`` (FlashAttention-4 for self-attention, the default kernel for the short cross-attention).
+    same way): ``default`` (PyTorch's choice, cuDNN's fused kernel on Hopper), ``cudnn`` (forced) or ``fa4``
+    (FlashAttention-4, the optional ``flash-attn-4`` package, on Hopper and Blackwell; CPU keeps the default).
     Measured on one H100 at Wan2.1-1.3B (docs/benchmarks.md, session 35): ``fa4`` made the compiled forward 3% faster
     (1.049x against 1.017x compiled diffusers) and its backward kernel 11% faster than cuDNN's at our self-attention
     shape. Its kernels are JIT-compiled at their first call (start-up time not measured separately). Off

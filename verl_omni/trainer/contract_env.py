@@ -105,11 +105,11 @@ class Settings:
 
 
 def check_attention_backend(env: Mapping[str, str], s: Settings, report: Report) -> None:
-    """``WAM_ATTENTION_BACKEND``: a known kernel family, and for ``fa4``/``fa4-self`` on GPUs an importable
-    FlashAttention-4 (a missing package would otherwise fail in every actor worker after Ray has started).
+    """``WAM_ATTENTION_BACKEND``: a known kernel family, and for ``fa4`` on GPUs an importable FlashAttention-4 (a
+    missing package would otherwise fail in every actor worker after Ray has started).
 
-    GPUs are assumed unless ``WAM_GPUS_PER_NODE`` is 0: an empty value means "detect at launch", and a cluster node
-    usually has GPUs where the login node checking the contract has none.
+    GPUs are assumed unless ``WAM_GPUS_PER_NODE`` is 0: an empty value means "detect at launch", and the node the
+    job runs on usually has GPUs where the login node checking the contract has none.
     """
     from verl_omni.trainer.config import ATTENTION_BACKEND_NAMES
 
@@ -117,13 +117,13 @@ def check_attention_backend(env: Mapping[str, str], s: Settings, report: Report)
     value = env.get(name, "").strip() or "default"
     if value not in ATTENTION_BACKEND_NAMES:
         report.fail(name, f"{name}={value!r} must be one of {', '.join(ATTENTION_BACKEND_NAMES)} (or empty: default)")
-    elif value.startswith("fa4") and s.ints.get("WAM_GPUS_PER_NODE") == 0:
-        report.note(f"{name}={value} has no effect without GPUs: the DiT keeps PyTorch's default attention on CPU")
-    elif value.startswith("fa4"):
+    elif value == "fa4" and s.ints.get("WAM_GPUS_PER_NODE") == 0:
+        report.note(f"{name}=fa4 has no effect without GPUs: the DiT keeps PyTorch's default attention on CPU")
+    elif value == "fa4":
         from verl_omni.models.wnm.flash_attention4 import FA4_INSTALL_HINT, fa4_available
 
         if not fa4_available():
-            report.fail(name, f"{name}={value} but FlashAttention-4 does not import here: {FA4_INSTALL_HINT}")
+            report.fail(name, f"{name}=fa4 but FlashAttention-4 does not import here: {FA4_INSTALL_HINT}")
 
 
 def check_environment(env: Mapping[str, str], report: Report, paths_env: str) -> Settings:

@@ -56,20 +56,8 @@ def _qk_norm(norm: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
 # flash attention 2's forward at the Wan-1.3B shapes; scripts/bench_attention.py). "cudnn": forces cuDNN's kernel
 # where it applies (CUDA, bf16/fp16, no mask), for a torch whose own choice differs; other calls keep the default.
 # "fa4": FlashAttention-4's kernels (optional package, flash_attention4.py) where they apply (CUDA, bf16/fp16, no
-# mask); other calls, and every call on CPU, keep the default. "fa4-self": FlashAttention-4 for self-attention only;
-# cross-attention keeps the default kernel. Why offered: at our cross-attention shape (4640 queries over 545
-# context keys, batch 16, H100) cuDNN's forward took 0.59 ms and FA4's 0.83 ms, while on self-attention FA4 was the
-# faster (3.38 against 3.48 ms forward, 13.1 against 14.7 ms with the backward); scripts/bench_attention.py.
-ATTENTION_BACKENDS = ("default", "cudnn", "fa4", "fa4-self")
-FA4_BACKENDS = ("fa4", "fa4-self")
-
-
-def kernel_for(backend: str, cross: bool) -> str:
-    """The kernel family one attention call of a block with ``backend`` uses: ``fa4-self`` is ``fa4`` for
-    self-attention and ``default`` for cross-attention; every other backend is itself."""
-    if backend == "fa4-self":
-        return "default" if cross else "fa4"
-    return backend
+# mask); other calls, and every call on CPU, keep the default.
+ATTENTION_BACKENDS = ("default", "cudnn", "fa4")
 
 
 def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, backend: str):
@@ -121,7 +109,7 @@ def _self_attention(
     q_rope = rotary_emb if queries_from == 0 else tuple(r[:, queries_from:] for r in rotary_emb)
     q, k = _apply_rope(q, *q_rope), _apply_rope(k, *rotary_emb)
     keys, values = (k, v) if prefix_kv is None else (torch.cat([prefix_kv[0], k], 1), torch.cat([prefix_kv[1], v], 1))
-    out = _attention(q, keys, values, None, kernel_for(backend, cross=False))
+    out = _attention(q, keys, values, None, backend)
     return attn.to_out[1](attn.to_out[0](out)), (k, v)
 
 
@@ -131,4 +119,4 @@ def _cross_attention(attn, x: torch.Tensor, context: torch.Tensor, mask: torch.T
     q = _qk_norm(attn.norm_q, attn.to_q(x)).unflatten(2, (attn.heads, -1))
     k = _qk_norm(attn.norm_k, attn.to_k(context)).unflatten(2, (attn.heads, -1))
     v = attn.to_v(context).unflatten(2, (attn.heads, -1))
-    return attn.to_out[1](attn.to_out[0](_attention(q, k, v, mask, kernel_for(backend, cross=True))))
+    return attn.to_out[1](attn.to_out[0](_attention(q, k, v, mask, backend)))

@@ -32,7 +32,7 @@ import torch.nn as nn
 from diffusers.models.normalization import FP32LayerNorm
 from diffusers.models.transformers.transformer_wan import WanTimeTextImageEmbedding
 
-from .attention import ATTENTION_BACKENDS, FA4_BACKENDS
+from .attention import ATTENTION_BACKENDS
 from .block import WNMTransformerBlock
 from .compilation import raise_recompile_limit
 from .config import WNMConfig
@@ -151,11 +151,10 @@ class WNMTransformer(nn.Module):
 
     @property
     def attention_backend(self) -> str:
-        """Attention kernel family of every block: ``default``, ``cudnn``, ``fa4`` or ``fa4-self`` (see
-        :data:`ATTENTION_BACKENDS`).
+        """Attention kernel family of every block: ``default``, ``cudnn`` or ``fa4`` (see :data:`ATTENTION_BACKENDS`).
 
-        Setting ``fa4`` or ``fa4-self`` where a GPU is visible raises ImportError (with the install command) unless
-        FlashAttention-4 can be imported, so a missing package fails at set-up and not at the first forward.
+        Setting ``fa4`` where a GPU is visible raises ImportError (with the install command) unless FlashAttention-4
+        can be imported, so a missing package fails at set-up and not at the first forward.
         """
         return self.blocks[0].attention_backend if len(self.blocks) else "default"
 
@@ -163,7 +162,7 @@ class WNMTransformer(nn.Module):
     def attention_backend(self, backend: str) -> None:
         if backend not in ATTENTION_BACKENDS:
             raise ValueError(f"attention_backend must be one of {ATTENTION_BACKENDS}, got {backend!r}")
-        if backend in FA4_BACKENDS and torch.cuda.is_available():
+        if backend == "fa4" and torch.cuda.is_available():
             from .flash_attention4 import FA4_INSTALL_HINT, fa4_available
 
             if not fa4_available():
