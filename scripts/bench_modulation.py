@@ -172,6 +172,7 @@ def main(argv=None) -> int:
             attention=None,
         ):
             wnm_block.LOW_PRECISION_NORM, wnm_block.LOW_PRECISION_ADDCMUL = norm, fused
+            saved_attention = model.attention_backend
             if attention is not None:
                 model.attention_backend = attention
             if rope is not None:
@@ -187,7 +188,7 @@ def main(argv=None) -> int:
                 model.gelu_epilogue = True
                 wnm_attention._apply_rope = product_rope
                 wnm_block.COMPILED_GROUP_SELECT = True
-                model.attention_backend = "default"
+                model.attention_backend = saved_attention
 
         @torch.no_grad()
         def run_anchor(model=anchor, anchor_args=anchor_args):

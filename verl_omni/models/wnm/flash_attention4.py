@@ -57,6 +57,8 @@ def fa4_attention_with_lse(
         ``(out [B, S, H, Dh] in q's dtype, lse [B, H, S] float32)``: the output and each query's log-sum-exp
         of its scaled scores (what the backward needs).
     """
+    # The kernel needs dense inputs. The block's q/k/v (projection outputs viewed as heads) already are, so these
+    # calls copy nothing there; a caller with strided inputs pays one copy each.
     out, lse, *_ = _interface()._flash_attn_fwd(
         q.contiguous(), k.contiguous(), v.contiguous(), softmax_scale=softmax_scale, causal=False, return_lse=True
     )
