@@ -39,7 +39,9 @@ if [ "${WNM_SKIP_VLLM:-0}" != "1" ]; then
   vllm_pid=$!
   trap 'kill "$vllm_pid" 2>/dev/null || true' EXIT
 fi
-"$VENV/bin/python" -m pytest -q --timeout=900 --durations=30 "${tests[@]}"
+# Two pytest-xdist workers (WNM_TEST_WORKERS; 0 runs in this process). The tests that start Ray run on one of
+# them, one after another (the "ray" group, tests/conftest.py); the other worker takes everything else.
+"$VENV/bin/python" -m pytest -q --timeout=900 --durations=30 -n "${WNM_TEST_WORKERS:-2}" --dist loadgroup "${tests[@]}"
 
 if [ -z "$vllm_pid" ]; then
   echo "== vLLM-Omni real-engine tests skipped (WNM_SKIP_VLLM=1)"
