@@ -72,6 +72,8 @@ def pytest_configure(config):
     missing = sorted(m for m in RAY_MODULES if not (TESTS / m).is_file())
     if missing:
         raise pytest.UsageError(f"tests/conftest.py RAY_MODULES names test files that do not exist: {missing}")
+    if config.pluginmanager.hasplugin("xdist"):  # its hook exists only with xdist loaded (-p no:xdist drops it)
+        config.pluginmanager.register(_RayGroupPlugin(), "wnm_ray_group")
 
 
 def pytest_itemcollected(item):
@@ -82,19 +84,22 @@ def pytest_itemcollected(item):
         raise pytest.UsageError(f"{item.nodeid} uses {sorted(uses)}: add its module to tests/conftest.py RAY_MODULES")
 
 
-def pytest_xdist_make_scheduler(config, log):
-    """``--dist loadgroup`` (scripts/test.sh): the RAY_MODULES tests form one work unit, every other test its own.
+class _RayGroupPlugin:
+    @staticmethod
+    def pytest_xdist_make_scheduler(config, log):
+        """``--dist loadgroup`` (scripts/test.sh): the RAY_MODULES tests form one work unit, every other test its
+        own.
 
-    Why not xdist's own ``xdist_group`` markers: with pytest 9.2 and pytest-xdist 3.8 (the newest release) the
-    marked tests were still spread over both workers here. This is the same scheduler class with the grouping
-    decided from the test id. xdist hands out the largest unit first, so the Ray group starts at once.
-    """
-    if config.getvalue("dist") != "loadgroup":
-        return None
-    from xdist.scheduler import LoadScopeScheduling
+        Why not xdist's own ``xdist_group`` markers: with pytest 9.2 and pytest-xdist 3.8 (the newest release) the
+        marked tests were still spread over both workers here. This is xdist's scope scheduler with the grouping
+        decided from the test id. xdist hands out the largest unit first, so the Ray group starts at once.
+        """
+        if config.getvalue("dist") != "loadgroup":
+            return None
+        from xdist.scheduler import LoadScopeScheduling
 
-    class RayGroupScheduling(LoadScopeScheduling):
-        def _split_scope(self, nodeid: str) -> str:
-            return "ray" if _module(nodeid) in RAY_MODULES else nodeid
+        class RayGroupScheduling(LoadScopeScheduling):
+            def _split_scope(self, nodeid: str) -> str:
+                return "ray" if _module(nodeid) in RAY_MODULES else nodeid
 
-    return RayGroupScheduling(config, log)
+        return RayGroupScheduling(config, log)

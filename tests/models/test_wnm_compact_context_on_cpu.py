@@ -140,3 +140,22 @@ def test_attended_range_counted_once_gives_the_same_forward(model, monkeypatch):
         got = m16(x, a, s, counted)
     for g_, w in zip(got, want, strict=True):
         assert torch.equal(g_, w)
+
+
+@pytest.mark.parametrize("bad", [(5, 3), (-1, 4), (0, 10**6), None])
+def test_attended_range_out_of_bounds_is_refused(model, bad):
+    """A hand-set range must fit the mask: fewest <= most, both within [0, L]; and a range needs a mask."""
+    import dataclasses
+
+    from verl_omni.models.wnm.context import WNMContext
+
+    cfg = model.config
+    ctx = _context(cfg, [2, 9], seed=6, dtype=torch.float32)
+    if bad is None:  # a range without a mask
+        with pytest.raises(ValueError, match="encoder_attended_range"):
+            dataclasses.replace(ctx, encoder_mask=None, encoder_attended_range=(1, 2))
+        return
+    with pytest.raises(ValueError, match="encoder_attended_range"):
+        WNMContext(ctx.history_latents, ctx.encoder_tokens, ctx.encoder_mask, encoder_attended_range=bad)
+    length = ctx.encoder_tokens.shape[1]
+    assert WNMContext(ctx.history_latents, ctx.encoder_tokens, ctx.encoder_mask, encoder_attended_range=(0, length))

@@ -64,3 +64,36 @@ def test_recompute_refuses_broken_inputs(rollout):
             ctx,
             res.context_rows,
         )
+
+
+def test_each_chunk_counts_its_attended_tokens_once(rollout, monkeypatch):
+    """The W forwards of a chunk get the chunk's attended-token range, counted once per chunk (one host read),
+    not once per forward; the log-probs are unchanged."""
+    from verl_omni.models.wnm.context import WNMContext
+
+    model, ctx, backend, res = rollout
+    assert ctx.encoder_mask is not None and not bool(ctx.encoder_mask.all())  # padded instructions: a real mask
+    counts = []
+    real = WNMContext.with_attended_range
+
+    def counting(self):
+        counts.append(self.batch_size)
+        return real(self)
+
+    monkeypatch.setattr(WNMContext, "with_attended_range", counting)
+    seen = []
+
+    def velocity_fn(video, actions, sigma, context):
+        seen.append(context.encoder_attended_range)
+        return model.transformer(video, actions, sigma, context)
+
+    with torch.no_grad():
+        logp = recompute_results_logprobs(velocity_fn, backend.layout, res, ctx, chunk_size=1)
+    assert torch.equal(logp, res.logprobs)
+    n, w = res.window_steps.shape
+    assert counts == [1] * n  # chunk_size 1: one count per row's chunk
+    assert len(seen) == n * w
+    # By hand from the mask: each forward's range is its one row's count of attended tokens (lo == hi).
+    per_row = ctx.encoder_mask.sum(dim=1)[res.context_rows].tolist()
+    by_chunk = [r for r in per_row for _ in range(w)]
+    assert sorted(seen) == sorted((c, c) for c in by_chunk)

@@ -61,6 +61,16 @@ class WNMContext:
                 f"WNMContext.encoder_mask must be bool [B, L]={tuple(self.encoder_tokens.shape[:2])}, got "
                 f"{self.encoder_mask.dtype} {tuple(self.encoder_mask.shape)}"
             )
+        if self.encoder_attended_range is not None:
+            # A range narrower than the mask's would make the bf16 forward cut attended tokens silently.
+            length = self.encoder_tokens.shape[1]
+            lo, hi = self.encoder_attended_range
+            if self.encoder_mask is None or not 0 <= lo <= hi <= length:
+                raise ValueError(
+                    f"WNMContext.encoder_attended_range must be (fewest, most) attended tokens of a row of "
+                    f"encoder_mask, 0 <= fewest <= most <= L={length}, got {self.encoder_attended_range} "
+                    f"with {'no' if self.encoder_mask is None else 'a'} mask; set it with with_attended_range()"
+                )
 
     def with_attended_range(self) -> WNMContext:
         """The same context with :attr:`encoder_attended_range` filled in (one host sync, here instead of in every

@@ -24,20 +24,19 @@ from verl_omni.pipelines.wnm_shared.layers import NUM_LAYERS, JointLayout, Layer
 from verl_omni.pipelines.wnm_shared.requests import RolloutRequest
 from verl_omni.pipelines.wnm_shared.rng import initial_noise, sde_noise
 from verl_omni.pipelines.wnm_shared.sde import euler_step, sde_step, transition_layer_logprob
-from verl_omni.pipelines.wnm_shared.velocity import FiniteChecks, NonFiniteError, chunk_slices, joint_velocity
+from verl_omni.pipelines.wnm_shared.velocity import (
+    FiniteChecks,
+    NonFiniteError,
+    chunk_slices,
+    counted_context,
+    joint_velocity,
+)
 
 
 def context_rows_count(contexts) -> int | None:
     """Number of rows of a ``WNMContext``-like object, if it exposes ``encoder_tokens``."""
     tokens = getattr(contexts, "encoder_tokens", None)
     return int(tokens.shape[0]) if isinstance(tokens, torch.Tensor) else None
-
-
-def _counted(ctx):
-    """``ctx`` with its attended-token counts read once, so that the chunk's denoising steps do not each wait for
-    the device to count them (``WNMContext.with_attended_range``; other context types are returned as they are)."""
-    with_range = getattr(ctx, "with_attended_range", None)
-    return ctx if with_range is None else with_range()
 
 
 def validate_requests(requests: Sequence[RolloutRequest], sampler: SamplerConfig, num_rows: int | None) -> None:
@@ -252,7 +251,7 @@ class NativeRolloutBackend(RolloutBackend):
             return x
         ids = [r.request_id for r in chunk]
         rows = torch.tensor([r.context_row for r in chunk], dtype=torch.int64, device=self.device)
-        chunk_ctx = _counted(ctx.select(rows))
+        chunk_ctx = counted_context(ctx.select(rows))
         checks = FiniteChecks(ids)
         for i in range(start, stop):
             s, s_next = float(sigmas[i]), float(sigmas[i + 1])
@@ -282,7 +281,7 @@ class NativeRolloutBackend(RolloutBackend):
         ids = [r.request_id for r in chunk]
         dev, numel = self.device, self.layout.numel
         rows = torch.tensor([r.context_row for r in chunk], dtype=torch.int64, device=dev)
-        chunk_ctx = _counted(ctx.select(rows))
+        chunk_ctx = counted_context(ctx.select(rows))
         checks = FiniteChecks(ids)
         states, logps, coefs = [], [], []
         for i in range(start, self.sampler.num_steps):

@@ -119,6 +119,14 @@ def joint_velocity(
     return layout.join(v_video.float(), v_actions.float())
 
 
+def counted_context(ctx: Any) -> Any:
+    """``ctx`` with its attended-token counts read once (``WNMContext.with_attended_range``), so that the several
+    forwards of one chunk (its denoising steps, or a window's transitions) do not each wait for the device to count
+    them. Context types without the method are returned as they are."""
+    with_range = getattr(ctx, "with_attended_range", None)
+    return ctx if with_range is None else with_range()
+
+
 def chunk_slices(n: int, chunk_size: int | None) -> list[slice]:
     """Consecutive slices covering ``range(n)`` of at most ``chunk_size`` (``None`` = one slice)."""
     size = n if chunk_size is None else chunk_size

@@ -15,7 +15,13 @@ import torch
 from verl_omni.pipelines.wnm_shared.backend import RolloutResults
 from verl_omni.pipelines.wnm_shared.layers import JointLayout, LayerTable, check_layer_names
 from verl_omni.pipelines.wnm_shared.sde import transition_layer_logprob
-from verl_omni.pipelines.wnm_shared.velocity import FiniteChecks, VelocityFn, chunk_slices, joint_velocity
+from verl_omni.pipelines.wnm_shared.velocity import (
+    FiniteChecks,
+    VelocityFn,
+    chunk_slices,
+    counted_context,
+    joint_velocity,
+)
 
 
 def recompute_layer_logprobs(
@@ -80,7 +86,8 @@ def recompute_layer_logprobs(
         for sl in chunk_slices(len(idx), chunk_size):
             rows = idx[sl]
             sel = torch.tensor(rows, dtype=torch.int64)
-            chunk_ctx = ctx.select(context_rows[sel].to(device))
+            # Counted once for the chunk's W forwards (no host read inside each).
+            chunk_ctx = counted_context(ctx.select(context_rows[sel].to(device)))
             states = window_states[sel].to(device=device, dtype=torch.float32)
             chunk_ids = [ids[i] for i in rows]
             per_step = []
