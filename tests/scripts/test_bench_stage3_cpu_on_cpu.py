@@ -27,6 +27,9 @@ def test_bench_stage3_cpu_reports_forward_numerics_group_and_train(tmp_path):
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     data = json.loads(js.read_text())
+    # The matmul peak is measured at the start and again at the end, and the report names both.
+    assert data["matmul_peak_tflops"] > 0 and data["matmul_peak_tflops_end"] > 0
+    assert f"measured again at the end: {data['matmul_peak_tflops_end']:.1f}" in out.read_text()
     assert [r["model"] for r in data["forward"]] == ["diffusers eager", "WNM eager"]
     assert data["forward"][0]["x_diffusers_eager"] == 1.0
     # fp32 eager against an fp32 copy of the same weights: identical.
