@@ -4,10 +4,11 @@
 A profiler says how long each kernel takes; this says which kernels exist, and it runs where no GPU is. For each
 form of the block (the per-token modulation select or session 32's split/concatenate, RoPE written into slices or
 stacked), it compiles ``WNMTransformer.compile_blocks()`` afresh, runs one no-grad forward, reads inductor's
-generated code for the first block's graph (``torch._inductor.utils.run_and_get_code``) and prints the names of
-its fused kernels. Inductor names a fused kernel after the operators it contains, so a layout copy in front of
-attention shows up as its own ``..._to_copy_transpose...`` kernel and a norm whose modulation was not fused into
-it as a separate pointwise kernel.
+generated code (``torch._inductor.utils.run_and_get_code``) and prints the names of the fused kernels of every
+graph: the repeated block's first, then the last block's (which returns only the target tokens). Inductor names a
+fused kernel after the operators it contains, so a layout copy in front of attention shows up as its own
+``..._to_copy_transpose...`` kernel and a norm whose modulation was not fused into it as a separate pointwise
+kernel.
 
 On CPU the C++ backend emits one function per fusion group, and its fusion rules are not the GPU's: what it shows is
 evidence for the GPU's kernels, not a measurement of them (``scripts/profile_dit.py`` times them on a GPU).
@@ -33,19 +34,20 @@ from bench_stage3_gpu import build_ours, forward_inputs, padded_instruction  # n
 KERNEL_NAME = re.compile(r"\b(?:cpp_fused|triton_(?:poi|red|per|tem)_fused)\w*")
 
 
-def block_kernels(model, inputs: tuple) -> list[str]:
-    """Names of the fused kernels in the first graph inductor generates for one no-grad forward of ``model``."""
+def graph_kernels(model, inputs: tuple) -> list[list[str]]:
+    """Names of the fused kernels of each graph inductor generates for one no-grad forward of ``model``, in the
+    order the graphs were compiled (the repeated block's first)."""
     from torch._inductor.utils import run_and_get_code
 
     with torch.no_grad():
         _, codes = run_and_get_code(lambda: model(*inputs))
     if not codes:
         raise RuntimeError("inductor generated no code: was the model compiled (compile_blocks)?")
-    return sorted(set(KERNEL_NAME.findall(codes[0])))
+    return [sorted(set(KERNEL_NAME.findall(code))) for code in codes]
 
 
-def form_kernels(cfg, inputs: tuple, device, dtype, *, select: bool, rope) -> list[str]:
-    """:func:`block_kernels` of a freshly built and compiled model in one form of the block.
+def form_kernels(cfg, inputs: tuple, device, dtype, *, select: bool, rope) -> list[list[str]]:
+    """:func:`graph_kernels` of a freshly built and compiled model in one form of the block.
 
     Args:
         select: The compiled blocks pick each token's modulation row with ``torch.where`` (the product) rather
@@ -64,7 +66,7 @@ def form_kernels(cfg, inputs: tuple, device, dtype, *, select: bool, rope) -> li
         torch._dynamo.reset()
         model = build_ours(cfg, device, dtype)
         model.compile_blocks()
-        return block_kernels(model, inputs)
+        return graph_kernels(model, inputs)
     finally:
         wnm_block.COMPILED_GROUP_SELECT, wnm_attention._apply_rope = before
         torch._dynamo.reset()
@@ -98,10 +100,13 @@ def main(argv=None) -> int:
     ]
     print(f"size {cfg.size}, {args.dtype}, batch {args.batch}, {args.device}, torch {torch.__version__}")
     for name, select, rope in forms:
-        kernels = form_kernels(cfg, inputs, device, dtype, select=select, rope=rope)
-        print(f"\n{name}: {len(kernels)} fused kernels in the first block's graph")
-        for k in kernels:
-            print(f"    {k}")
+        graphs = form_kernels(cfg, inputs, device, dtype, select=select, rope=rope)
+        print(f"\n{name}: {len(graphs)} graph(s)")
+        for g, kernels in enumerate(graphs):
+            what = "the repeated block" if g == 0 else "the last block" if g == 1 else f"graph {g}"
+            print(f"  {what}: {len(kernels)} fused kernels")
+            for k in kernels:
+                print(f"    {k}")
     return 0
 
 
