@@ -1,7 +1,7 @@
 # Shared by scripts/test.sh and scripts/quickstart.sh: build or reuse the project's virtual environment.
 # Source it; it defines VENV and wnm_ensure_venv. WNM_VENV overrides the location (default .venv).
 VENV="${WNM_VENV:-$PWD/.venv}"
-WNM_EXTRAS="${WNM_EXTRAS:-train,dev}"
+WNM_EXTRAS="${WNM_EXTRAS:-train,dev,triton}"
 
 wnm_ensure_venv() {
   local stamp="$VENV/.wnm-installed"

@@ -12,6 +12,9 @@ the anchor, at the dims of ``scripts/bench_stage3_gpu.py``:
   which the heads never read (``transformer.SKIP_UNREAD_OUTPUTS = False``, the forward before session 30);
 - separate GELU kernel: the default block without the feed-forward's GELU in the GEMM epilogue
   (``WNMTransformer.gelu_epilogue = False``), eager and (with ``--compiled``) compiled;
+- q/k norm + RoPE composite / by inductor: self-attention's q/k RMS norm and RoPE as separate operators (eager)
+  or inductor's fusion of them (compiled), instead of the Triton kernel of ``rms_norm_rope.py``
+  (``WNMTransformer.norm_rope_kernel = False``, the forward before session 38);
 - stacked RoPE: the rotary embedding in its form before session 33 (:func:`stacked_rope`: the same arithmetic as a
   stacked result whose layout inductor picks), eager and compiled;
 - split/cat modulation: compiled blocks build the grouped modulation and gating by splitting and concatenating, as
@@ -170,6 +173,7 @@ def main(argv=None) -> int:
             rope=None,
             group_select=True,
             attention=None,
+            norm_rope_kernel=True,
         ):
             wnm_block.LOW_PRECISION_NORM, wnm_block.LOW_PRECISION_ADDCMUL = norm, fused
             saved_attention = model.attention_backend
@@ -180,12 +184,15 @@ def main(argv=None) -> int:
             wnm_block.COMPILED_GROUP_SELECT = group_select
             wnm_transformer.SKIP_UNREAD_OUTPUTS, wnm_transformer.COMPACT_CONTEXT = skip, compact
             model.gelu_epilogue = gelu_epilogue
+            # A replaced RoPE form only runs where the q/k norm + RoPE kernel does not.
+            model.norm_rope_kernel = norm_rope_kernel and rope is None
             try:
                 return model(*ours_args)
             finally:
                 wnm_block.LOW_PRECISION_NORM, wnm_block.LOW_PRECISION_ADDCMUL = True, True
                 wnm_transformer.SKIP_UNREAD_OUTPUTS, wnm_transformer.COMPACT_CONTEXT = True, True
                 model.gelu_epilogue = True
+                model.norm_rope_kernel = True
                 wnm_attention._apply_rope = product_rope
                 wnm_block.COMPILED_GROUP_SELECT = True
                 model.attention_backend = saved_attention
@@ -201,9 +208,11 @@ def main(argv=None) -> int:
             v_all = run_ours(True, True, False)[0].float()
             v_two_kernel = run_ours(True, True, gelu_epilogue=False)[0].float()
             v_stacked = run_ours(True, True, rope=stacked_rope)[0].float()
+            v_composite = run_ours(True, True, norm_rope_kernel=False)[0].float()
         diffs = {
             "now vs GEMM + separate GELU kernel": float((v_now - v_two_kernel).norm() / v_two_kernel.norm()),
-            "now vs stacked RoPE (0 = same bits)": float((v_now - v_stacked).norm() / v_stacked.norm()),
+            "now vs stacked RoPE": float((v_now - v_stacked).norm() / v_stacked.norm()),
+            "now vs q/k norm + RoPE composite": float((v_now - v_composite).norm() / v_composite.norm()),
             "now vs fp32 norms": float((v_now - v_norm).norm() / v_norm.norm()),
             "fp32 norms vs mul + add": float((v_norm - v_old).norm() / v_old.norm()),
             "now vs last block over all tokens": float((v_now - v_all).norm() / v_all.norm()),
@@ -211,6 +220,7 @@ def main(argv=None) -> int:
         entries = {
             "WNM eager, bf16 norms + addcmul (now)": lambda f=run_ours: f(True, True),
             "WNM eager, separate GELU kernel": lambda f=run_ours: f(True, True, gelu_epilogue=False),
+            "WNM eager, q/k norm + RoPE composite": lambda f=run_ours: f(True, True, norm_rope_kernel=False),
             "WNM eager, stacked RoPE": lambda f=run_ours: f(True, True, rope=stacked_rope),
             "WNM eager, last block over all tokens": lambda f=run_ours: f(True, True, False),
             "WNM eager, fp32 norms + addcmul": lambda f=run_ours: f(False, True),
@@ -222,6 +232,9 @@ def main(argv=None) -> int:
                 "WNM compiled (now)": lambda f=run_ours: f(True, True, True, ours_compiled),
                 "WNM compiled, separate GELU kernel": lambda f=run_ours: f(
                     True, True, True, ours_compiled, gelu_epilogue=False
+                ),
+                "WNM compiled, q/k norm + RoPE by inductor": lambda f=run_ours: f(
+                    True, True, True, ours_compiled, norm_rope_kernel=False
                 ),
                 "WNM compiled, stacked RoPE": lambda f=run_ours: f(True, True, True, ours_compiled, rope=stacked_rope),
                 "WNM compiled, split/cat modulation": lambda f=run_ours: f(
@@ -249,6 +262,9 @@ def main(argv=None) -> int:
             if args.compiled:
                 entries["WNM compiled, FlashAttention-4"] = lambda f=run_ours: f(
                     True, True, True, ours_compiled, attention="fa4"
+                )
+                entries["WNM compiled, FA4, q/k norm + RoPE by inductor"] = lambda f=run_ours: f(
+                    True, True, True, ours_compiled, attention="fa4", norm_rope_kernel=False
                 )
         if args.current_only:
             for name in [n for n in entries if "fp32 norms" in n or "last block over all" in n]:

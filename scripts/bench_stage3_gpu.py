@@ -76,8 +76,10 @@ def parse_args(argv=None) -> argparse.Namespace:
         "--group-variants",
         default="eager-unshared,eager,compiled,isolated",
         help="(b) variants to time: eager-unshared, eager, compiled, compiled-no-epilogue (the feed-forward's GELU "
-        "as a kernel of its own, not in the GEMM's epilogue), isolated, fp8 (the opt-in FP8 rollout copy, "
-        "compiled with --compile; its log-prob drift from the bf16 model is reported beside the bf16 control)",
+        "as a kernel of its own, not in the GEMM's epilogue), compiled-inductor-rope (self-attention's q/k norm "
+        "and RoPE fused by inductor instead of the Triton kernel of rms_norm_rope.py), isolated, fp8 (the opt-in "
+        "FP8 rollout copy, compiled with --compile; its log-prob drift from the bf16 model is reported beside the "
+        "bf16 control)",
     )
     p.add_argument(
         "--fp8-groups",
@@ -153,7 +155,15 @@ def parse_args(argv=None) -> argparse.Namespace:
     chosen = attention_backends(args)
     if args.attention != "both" and (not chosen or set(chosen) - set(ATTENTION_BACKENDS)):
         p.error(f"--attention must be both or comma-separated names from {ATTENTION_BACKENDS}, got {args.attention!r}")
-    group_variants = {"eager-unshared", "eager", "compiled", "compiled-no-epilogue", "isolated", "fp8"}
+    group_variants = {
+        "eager-unshared",
+        "eager",
+        "compiled",
+        "compiled-no-epilogue",
+        "compiled-inductor-rope",
+        "isolated",
+        "fp8",
+    }
     bad = set(_csv(args.group_variants)) - group_variants
     bad |= set(_csv(args.train_variants)) - {"eager", "compiled"}
     if bad:
@@ -544,6 +554,7 @@ def bench_group(cfg, args, device, dtype, ours, ours_compiled, ours_isolated, pe
     if ours_compiled is not None:
         variants.append(("compiled", ours_compiled, True, "compiled"))
         variants.append(("compiled, separate GELU kernel", ours_compiled, True, "compiled-no-epilogue"))
+        variants.append(("compiled, q/k norm+RoPE by inductor", ours_compiled, True, "compiled-inductor-rope"))
     if ours_isolated is not None:
         variants.append(("isolated history", ours_isolated, True, "isolated"))
     if "fp8" in wanted:
@@ -563,7 +574,10 @@ def bench_group(cfg, args, device, dtype, ours, ours_compiled, ours_isolated, pe
         backend = backend_for(cfg, model, sampler, device, args.dtype, share)
         dit_rows = 16 * k if not share else 4 * s0 + 16 * (k - s0)
         reset_peak(device)
-        with without_gelu_epilogue(model, key == "compiled-no-epilogue"):
+        with (
+            without_gelu_epilogue(model, key == "compiled-no-epilogue"),
+            without_norm_rope_kernel(model, key == "compiled-inductor-rope"),
+        ):
             t = median_time(lambda backend=backend: backend.generate(reqs, ctx), device, 1, max(2, args.iters // 2))
         # The isolated model's per-step forward is smaller (its history runs once per prompt, not counted here).
         fl = (isolated_forward_flops(n_block, 1, cfg) if key == "isolated" else per_row) * dit_rows
@@ -595,6 +609,18 @@ def without_gelu_epilogue(model, on: bool):
         yield
     finally:
         model.gelu_epilogue = saved
+
+
+@contextlib.contextmanager
+def without_norm_rope_kernel(model, on: bool):
+    """With ``on``, ``model``'s self-attention q/k norm and RoPE run as inductor fuses them (``norm_rope_kernel``
+    off: the forward before session 38), so that one process times the group both ways."""
+    saved = model.norm_rope_kernel
+    model.norm_rope_kernel = saved and not on
+    try:
+        yield
+    finally:
+        model.norm_rope_kernel = saved
 
 
 def logp_drift(results, ctx, reference, backend, dtype) -> dict:

@@ -50,7 +50,7 @@ def _masked_reference(model, x, a, s, ctx):
     try:
         # The last block asks queries of the target and action tokens only (queries_from): the reference attends
         # over the whole sequence and keeps those rows.
-        block._self_attention = lambda attn, h, rope, prefix, backend, queries_from=0: (
+        block._self_attention = lambda attn, h, rope, prefix, backend, queries_from=0, fused_norm_rope=False: (
             attn(h, None, mask, rope)[:, queries_from:], None)  # fmt: skip
         return model(x, a, s, ctx)
     finally:

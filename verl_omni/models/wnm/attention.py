@@ -10,6 +10,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from . import rms_norm_rope
+
 
 def _apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """Wan's rotary embedding on interleaved pairs: ``x [B, S, H, Dh]``, ``cos/sin [1, S, 1, Dh]`` -> ``x``'s
@@ -89,6 +91,7 @@ def _self_attention(
     prefix_kv,
     backend: str,
     queries_from: int = 0,
+    fused_norm_rope: bool = False,
 ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
     """Wan self-attention whose keys/values are ``prefix_kv`` (if given) followed by ``x``'s own.
 
@@ -98,16 +101,27 @@ def _self_attention(
     Args:
         queries_from: Only tokens ``queries_from:`` of ``x`` ask queries (every token still gives its key and
             value), for a block whose first outputs nobody reads (the last block's history tokens).
+        fused_norm_rope: Where it applies (CUDA, bf16/fp16, no grad; ``rms_norm_rope.applies``), compute each of
+            q and k's norm and RoPE in one Triton kernel (``rms_norm_rope.py``): the same arithmetic to bf16
+            rounding, one read and one write of q and k.
 
     Returns:
         ``(output [B, S - queries_from, D], (key, value) [B, S, heads, head_dim])``.
     """
     xq = x if queries_from == 0 else x[:, queries_from:]
-    q = _qk_norm(attn.norm_q, attn.to_q(xq)).unflatten(2, (attn.heads, -1))
-    k = _qk_norm(attn.norm_k, attn.to_k(x)).unflatten(2, (attn.heads, -1))
-    v = attn.to_v(x).unflatten(2, (attn.heads, -1))
     q_rope = rotary_emb if queries_from == 0 else tuple(r[:, queries_from:] for r in rotary_emb)
-    q, k = _apply_rope(q, *q_rope), _apply_rope(k, *rotary_emb)
+    q, k = attn.to_q(xq), attn.to_k(x)
+    if (
+        fused_norm_rope
+        and rms_norm_rope.applies(q, attn.norm_q.weight)
+        and rms_norm_rope.applies(k, attn.norm_k.weight)
+    ):
+        q = rms_norm_rope.fused_rms_norm_rope(attn.norm_q, q, q_rope, attn.heads)
+        k = rms_norm_rope.fused_rms_norm_rope(attn.norm_k, k, rotary_emb, attn.heads)
+    else:
+        q = _apply_rope(_qk_norm(attn.norm_q, q).unflatten(2, (attn.heads, -1)), *q_rope)
+        k = _apply_rope(_qk_norm(attn.norm_k, k).unflatten(2, (attn.heads, -1)), *rotary_emb)
+    v = attn.to_v(x).unflatten(2, (attn.heads, -1))
     keys, values = (k, v) if prefix_kv is None else (torch.cat([prefix_kv[0], k], 1), torch.cat([prefix_kv[1], v], 1))
     out = _attention(q, keys, values, None, backend)
     return attn.to_out[1](attn.to_out[0](out)), (k, v)

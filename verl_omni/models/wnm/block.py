@@ -250,6 +250,9 @@ class WNMTransformerBlock(WanTransformerBlock):
     # Inference on CUDA puts the feed-forward's GELU into its first GEMM (_feed_forward); set for all blocks
     # through WNMTransformer.gelu_epilogue (rollout.gelu_epilogue in the trainer).
     gelu_epilogue = True
+    # Inference on CUDA computes self-attention's q/k RMS norm and RoPE in one Triton kernel (rms_norm_rope.py);
+    # set for all blocks through WNMTransformer.norm_rope_kernel.
+    norm_rope_kernel = True
 
     def forward(self, *args, **kwargs):  # type: ignore[override]
         """Runs :meth:`block_forward`, under activation checkpointing when it is on and grad is enabled."""
@@ -309,7 +312,9 @@ class WNMTransformerBlock(WanTransformerBlock):
 
         # 1. Self-attention over the joint sequence (queries from the returned tokens only).
         normed = _modulate(_layer_norm(self.norm1, hidden_states), scale_msa, shift_msa, group_lengths, dtype)
-        attn_output, kv = _self_attention(self.attn1, normed, rotary_emb, prefix_kv, backend, outputs_from)
+        attn_output, kv = _self_attention(
+            self.attn1, normed, rotary_emb, prefix_kv, backend, outputs_from, self.norm_rope_kernel
+        )
         if outputs_from:
             hidden_states = hidden_states[:, outputs_from:]
         hidden_states = _gate(hidden_states, attn_output, gate_msa, kept_lengths, dtype)

@@ -184,6 +184,20 @@ class WNMTransformer(nn.Module):
         for block in self.blocks:
             block.gelu_epilogue = on
 
+    @property
+    def norm_rope_kernel(self) -> bool:
+        """Whether inference on CUDA in bf16/fp16 computes each block's self-attention q/k RMS norm and RoPE in one
+        Triton kernel (default True; ``rms_norm_rope.py``): equal to the composite form to bf16 rounding. Training,
+        fp32 and CPU always run the composite form."""
+        return self.blocks[0].norm_rope_kernel if len(self.blocks) else True
+
+    @norm_rope_kernel.setter
+    def norm_rope_kernel(self, on: bool) -> None:
+        if on not in (True, False):
+            raise ValueError(f"norm_rope_kernel must be True or False, got {on!r}")
+        for block in self.blocks:
+            block.norm_rope_kernel = on
+
     @staticmethod
     def _context_mask(context: WNMContext) -> torch.Tensor | None:
         """The cross-attention mask, or None when it masks nothing.
