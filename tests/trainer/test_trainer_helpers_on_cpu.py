@@ -164,6 +164,14 @@ def test_rollout_fp8_needs_recomputed_old_logprobs_and_the_native_backend():
         trainer_config_from_dict(_minimal(rollout={"fp8": "yes"}, algorithm={"recompute_old_logp": True}))
 
 
+def test_rollout_norm_rope_kernel_defaults_on_and_must_be_a_bool():
+    assert trainer_config_from_dict(_minimal()).rollout.norm_rope_kernel is True
+    off = trainer_config_from_dict(_minimal(rollout={"norm_rope_kernel": False}))
+    assert off.rollout.norm_rope_kernel is False
+    with pytest.raises(ConfigError, match=r"rollout\.norm_rope_kernel: must be true or false, got 1"):
+        trainer_config_from_dict(_minimal(rollout={"norm_rope_kernel": 1}))
+
+
 def test_rollout_gelu_epilogue_defaults_on_and_must_be_a_bool():
     assert trainer_config_from_dict(_minimal()).rollout.gelu_epilogue is True
     assert trainer_config_from_dict(_minimal(rollout={"gelu_epilogue": False})).rollout.gelu_epilogue is False

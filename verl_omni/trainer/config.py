@@ -133,6 +133,10 @@ class RolloutConfig:
             epilogue (``WNMTransformer.gelu_epilogue``): about 3% faster a forward. The update cannot (the fused
             op has no backward), so the first PPO ratios then differ from 1 by bf16 rounding; false gives back
             bit-equal log-probs where the update's graph otherwise matches the rollout's.
+        norm_rope_kernel: On CUDA in bf16, the rollout computes each block's self-attention q/k RMS norm and RoPE
+            in one Triton kernel (``WNMTransformer.norm_rope_kernel``, ``models/wnm/rms_norm_rope.py``). The
+            update keeps the composite form (the kernel has no backward), so, as with ``gelu_epilogue``, the first
+            PPO ratios then differ from 1 by bf16 rounding; false gives back bit-equal log-probs there.
     """
 
     backend: str = "native"
@@ -148,6 +152,7 @@ class RolloutConfig:
     dtype: str = "auto"
     fp8: bool = False
     gelu_epilogue: bool = True
+    norm_rope_kernel: bool = True
 
     def sampler_config(self):
         """This section as the sampler's own config (:class:`~verl_omni.pipelines.wnm_shared.SamplerConfig`)."""
@@ -195,6 +200,11 @@ class RolloutConfig:
             self.gelu_epilogue in (True, False),
             f"{p}.gelu_epilogue",
             f"must be true or false, got {self.gelu_epilogue!r}",
+        )
+        _require(
+            isinstance(self.norm_rope_kernel, bool),
+            f"{p}.norm_rope_kernel",
+            f"must be true or false, got {self.norm_rope_kernel!r}",
         )
         _require(
             not self.fp8 or self.backend == "native",
