@@ -91,6 +91,12 @@ def main(argv=None) -> int:
         "max-autotune-no-cudagraphs, whose Triton GEMM templates can take the GELU and bias as epilogues)",
     )
     p.add_argument(
+        "--multi-kernel",
+        action="store_true",
+        help="with --compiled, also time our model compiled with inductor's triton.multi_kernel (persistent "
+        "reductions over the model width; compile_blocks(multi_kernel=True)); the anchors keep their default",
+    )
+    p.add_argument(
         "--current-only",
         action="store_true",
         help="leave out the earlier forms already settled (fp32 norms, mul + add, last block over all tokens)",
@@ -98,8 +104,9 @@ def main(argv=None) -> int:
     p.add_argument(
         "--drop",
         default="",
-        help="comma-separated name fragments: rows of our model whose name contains one are not timed (the anchors "
-        "always are), e.g. 'masked,eager,' to time only compiled rows within a device call's time",
+        help="comma-separated name fragments (so a fragment cannot hold a comma): rows of our model whose name "
+        "contains one are not timed (the anchors always are), e.g. 'masked,eager' to time only compiled rows within "
+        "a device call's time",
     )
     args = p.parse_args(argv)
     if args.compile_mode is not None and not args.compiled:
@@ -137,6 +144,12 @@ def main(argv=None) -> int:
         ours_compiled.compile_blocks()
         anchor_compiled = copy.deepcopy(anchor)
         anchor_compiled.compile_repeated_blocks(fullgraph=True)
+    ours_multi = None
+    if args.multi_kernel:
+        if not args.compiled:
+            p.error("--multi-kernel needs --compiled")
+        ours_multi = build_ours(cfg, device, dtype)
+        ours_multi.compile_blocks(multi_kernel=True)
     ours_moded = anchor_moded = None
     if args.compile_mode is not None:
         ours_moded = build_ours(cfg, device, dtype)
@@ -249,6 +262,8 @@ def main(argv=None) -> int:
                 "WNM compiled, last block over all tokens": lambda f=run_ours: f(True, True, False, ours_compiled),
                 "diffusers compiled": lambda f=run_anchor: f(anchor_compiled),
             })  # fmt: skip
+            if ours_multi is not None:
+                entries["WNM compiled, multi-kernel reductions"] = lambda f=run_ours: f(True, True, True, ours_multi)
         if ours_moded is not None:
             entries.update({
                 f"WNM compiled, {args.compile_mode}": lambda f=run_ours: f(True, True, True, ours_moded),
@@ -266,6 +281,10 @@ def main(argv=None) -> int:
                 entries["WNM compiled, FA4, q/k norm + RoPE by inductor"] = lambda f=run_ours: f(
                     True, True, True, ours_compiled, attention="fa4", norm_rope_kernel=False
                 )
+                if ours_multi is not None:
+                    entries["WNM compiled, FA4, multi-kernel reductions"] = lambda f=run_ours: f(
+                        True, True, True, ours_multi, attention="fa4"
+                    )
         if args.current_only:
             for name in [n for n in entries if "fp32 norms" in n or "last block over all" in n]:
                 del entries[name]

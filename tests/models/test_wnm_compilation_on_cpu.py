@@ -60,3 +60,23 @@ def test_raise_recompile_limit_never_lowers_it():
         assert (dynamo_config.recompile_limit, dynamo_config.accumulated_recompile_limit) == (100, 1000)
         raise_recompile_limit(200)
         assert (dynamo_config.recompile_limit, dynamo_config.accumulated_recompile_limit) == (200, 1000)
+
+
+def test_multi_kernel_asks_inductor_for_persistent_reduction_candidates_and_refuses_a_mode(monkeypatch):
+    import pytest
+
+    seen = {}
+
+    def recording_compile(fn, **kwargs):
+        seen.update(kwargs)
+        return fn
+
+    monkeypatch.setattr(torch, "compile", recording_compile)
+    model = WNMTransformer(WNMConfig.from_size("tiny", num_layers=1))
+    model.compile_blocks(multi_kernel=True)
+    assert seen["options"] == {"triton.multi_kernel": 1} and seen["mode"] is None
+    seen.clear()
+    WNMTransformer(WNMConfig.from_size("tiny", num_layers=1)).compile_blocks()
+    assert seen["options"] is None  # the default compile is unchanged
+    with pytest.raises(ValueError, match="multi_kernel cannot be combined with mode='max-autotune'"):
+        WNMTransformer(WNMConfig.from_size("tiny", num_layers=1)).compile_blocks(mode="max-autotune", multi_kernel=True)

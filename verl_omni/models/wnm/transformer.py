@@ -282,7 +282,7 @@ class WNMTransformer(nn.Module):
         for i, block in enumerate(self.blocks):
             block.activation_checkpointing = i < num_blocks
 
-    def compile_blocks(self, mode: str | None = None, dynamic: bool | None = None) -> None:
+    def compile_blocks(self, mode: str | None = None, dynamic: bool | None = None, multi_kernel: bool = False) -> None:
         """Compiles the transformer block's math with ``torch.compile`` (inductor), once for all blocks.
 
         One compiled function is shared by every block and bound as each block's ``block_forward``: the blocks have
@@ -294,11 +294,19 @@ class WNMTransformer(nn.Module):
         Args:
             mode: ``torch.compile`` mode (None = default; ``max-autotune-no-cudagraphs`` tunes GEMMs longer).
             dynamic: Passed to ``torch.compile`` (None = dynamo's automatic dynamic shapes).
+            multi_kernel: Inductor's ``triton.multi_kernel``: for reductions up to 16x longer than its default
+                limit it also generates a persistent kernel (the whole row in registers, read once) beside the
+                looped one (the row read twice) and keeps whichever runs faster at the first call. Our LayerNorms
+                and RMS norms reduce over the model width (1536 at Wan-1.3B), above the default limit of 1024.
+                Not with ``mode`` (torch.compile takes a mode or options, not both).
         """
         if self.compiled_blocks:
             return
         raise_recompile_limit()
-        compiled = torch.compile(WNMTransformerBlock.block_forward, mode=mode, dynamic=dynamic)
+        if multi_kernel and mode is not None:
+            raise ValueError(f"compile_blocks: multi_kernel cannot be combined with mode={mode!r}")
+        options = {"triton.multi_kernel": 1} if multi_kernel else None
+        compiled = torch.compile(WNMTransformerBlock.block_forward, mode=mode, dynamic=dynamic, options=options)
         for block in self.blocks:
             block.block_forward = types.MethodType(compiled, block)
         self.compiled_blocks = True
