@@ -170,33 +170,26 @@ class WNMTransformer(nn.Module):
         for block in self.blocks:
             block.attention_backend = backend
 
-    @property
-    def gelu_epilogue(self) -> bool:
-        """Whether inference on CUDA computes each feed-forward's tanh GELU in its first GEMM's epilogue (default
+    def _set_block_switch(self, name: str, on: bool) -> None:
+        """Sets the on/off inference fast path ``name`` (a ``WNMTransformerBlock`` attribute) on every block."""
+        if on not in (True, False):
+            raise ValueError(f"{name} must be True or False, got {on!r}")
+        for block in self.blocks:
+            setattr(block, name, on)
+
+    gelu_epilogue = property(
+        lambda self: self.blocks[0].gelu_epilogue if len(self.blocks) else True,
+        lambda self, on: self._set_block_switch("gelu_epilogue", on),
+        doc="""Whether inference on CUDA computes each feed-forward's tanh GELU in its first GEMM's epilogue (default
         True; see ``block._feed_forward``). Training always runs the GEMM and the GELU as two kernels, so with it
-        the rollout's bf16 log-probs round slightly differently from the update's."""
-        return self.blocks[0].gelu_epilogue if len(self.blocks) else True
-
-    @gelu_epilogue.setter
-    def gelu_epilogue(self, on: bool) -> None:
-        if on not in (True, False):
-            raise ValueError(f"gelu_epilogue must be True or False, got {on!r}")
-        for block in self.blocks:
-            block.gelu_epilogue = on
-
-    @property
-    def norm_rope_kernel(self) -> bool:
-        """Whether inference on CUDA in bf16/fp16 computes each block's self-attention q/k RMS norm and RoPE in one
-        Triton kernel (default True; ``rms_norm_rope.py``): equal to the composite form to bf16 rounding. Training,
-        fp32 and CPU always run the composite form."""
-        return self.blocks[0].norm_rope_kernel if len(self.blocks) else True
-
-    @norm_rope_kernel.setter
-    def norm_rope_kernel(self, on: bool) -> None:
-        if on not in (True, False):
-            raise ValueError(f"norm_rope_kernel must be True or False, got {on!r}")
-        for block in self.blocks:
-            block.norm_rope_kernel = on
+        the rollout's bf16 log-probs round slightly differently from the update's.""",
+    )
+    norm_rope_kernel = property(
+        lambda self: self.blocks[0].norm_rope_kernel if len(self.blocks) else True,
+        lambda self, on: self._set_block_switch("norm_rope_kernel", on),
+        doc="""Whether bf16/fp16 inference on CUDA computes self-attention's q/k RMS norm and RoPE in one Triton
+        kernel (default True; ``rms_norm_rope.py``; training, fp32 and CPU keep the composite form).""",
+    )
 
     @staticmethod
     def _context_mask(context: WNMContext) -> torch.Tensor | None:
