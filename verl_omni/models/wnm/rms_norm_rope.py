@@ -36,8 +36,9 @@ def applies(x: torch.Tensor, weight: torch.Tensor | None) -> bool:
     """Whether the fused kernel can replace norm + RoPE for the projection output ``x [B, S, D]``.
 
     Only where it computes what the eager path computes: CUDA, bf16/fp16 activations, no grad (the op has no
-    backward), an affine norm, a dense last dimension, and Triton installed. Everything else keeps the composite
-    form (the fp32 path included, so its bits do not change).
+    backward), an affine norm, a dense last dimension, fewer than 2**31 elements (the kernel's offsets are 32-bit),
+    and Triton installed. Everything else keeps the composite form (the fp32 path included, so its bits do not
+    change).
     """
     return (
         weight is not None
@@ -45,6 +46,7 @@ def applies(x: torch.Tensor, weight: torch.Tensor | None) -> bool:
         and x.dtype in (torch.bfloat16, torch.float16)
         and x.ndim == 3
         and x.stride(-1) == 1
+        and x.numel() < 2**31
         and not torch.is_grad_enabled()
         and TRITON_INSTALLED
     )
