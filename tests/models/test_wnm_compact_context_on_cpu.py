@@ -142,9 +142,9 @@ def test_attended_range_counted_once_gives_the_same_forward(model, monkeypatch):
         assert torch.equal(g_, w)
 
 
-@pytest.mark.parametrize("bad", [(5, 3), (-1, 4), (0, 10**6), None])
+@pytest.mark.parametrize("bad", [(5, 3), (-1, 4), (0, 10**6), (0.0, 3), (True, 3), None])
 def test_attended_range_out_of_bounds_is_refused(model, bad):
-    """A hand-set range must fit the mask: fewest <= most, both within [0, L]; and a range needs a mask."""
+    """A hand-set range must fit the mask: integers, fewest <= most, both within [0, L]; and a range needs a mask."""
     import dataclasses
 
     from verl_omni.models.wnm.context import WNMContext

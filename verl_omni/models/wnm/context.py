@@ -65,10 +65,11 @@ class WNMContext:
             # A range narrower than the mask's would make the bf16 forward cut attended tokens silently.
             length = self.encoder_tokens.shape[1]
             lo, hi = self.encoder_attended_range
-            if self.encoder_mask is None or not 0 <= lo <= hi <= length:
+            ints = all(isinstance(v, int) and not isinstance(v, bool) for v in (lo, hi))
+            if self.encoder_mask is None or not ints or not 0 <= lo <= hi <= length:
                 raise ValueError(
                     f"WNMContext.encoder_attended_range must be (fewest, most) attended tokens of a row of "
-                    f"encoder_mask, 0 <= fewest <= most <= L={length}, got {self.encoder_attended_range} "
+                    f"encoder_mask, integers 0 <= fewest <= most <= L={length}, got {self.encoder_attended_range} "
                     f"with {'no' if self.encoder_mask is None else 'a'} mask; set it with with_attended_range()"
                 )
 
