@@ -575,8 +575,8 @@ def bench_group(cfg, args, device, dtype, ours, ours_compiled, ours_isolated, pe
         dit_rows = 16 * k if not share else 4 * s0 + 16 * (k - s0)
         reset_peak(device)
         with (
-            without_gelu_epilogue(model, key == "compiled-no-epilogue"),
-            without_norm_rope_kernel(model, key == "compiled-inductor-rope"),
+            with_fast_path_off(model, "gelu_epilogue", key == "compiled-no-epilogue"),
+            with_fast_path_off(model, "norm_rope_kernel", key == "compiled-inductor-rope"),
         ):
             t = median_time(lambda backend=backend: backend.generate(reqs, ctx), device, 1, max(2, args.iters // 2))
         # The isolated model's per-step forward is smaller (its history runs once per prompt, not counted here).
@@ -600,27 +600,16 @@ def bench_group(cfg, args, device, dtype, ours, ours_compiled, ours_isolated, pe
 
 
 @contextlib.contextmanager
-def without_gelu_epilogue(model, on: bool):
-    """With ``on``, ``model``'s feed-forward GELU runs as a kernel of its own after the GEMM (``gelu_epilogue``
-    off: the forward before session 33), so that one process times the group both ways."""
-    saved = model.gelu_epilogue
-    model.gelu_epilogue = saved and not on
+def with_fast_path_off(model, name: str, on: bool):
+    """With ``on``, ``model``'s inference fast path ``name`` is off for the block: ``gelu_epilogue`` (the GELU as a
+    kernel of its own after the GEMM, the forward before session 33) or ``norm_rope_kernel`` (q/k norm and RoPE as
+    inductor fuses them, the forward before session 38), so that one process times the group both ways."""
+    saved = getattr(model, name)
+    setattr(model, name, saved and not on)
     try:
         yield
     finally:
-        model.gelu_epilogue = saved
-
-
-@contextlib.contextmanager
-def without_norm_rope_kernel(model, on: bool):
-    """With ``on``, ``model``'s self-attention q/k norm and RoPE run as inductor fuses them (``norm_rope_kernel``
-    off: the forward before session 38), so that one process times the group both ways."""
-    saved = model.norm_rope_kernel
-    model.norm_rope_kernel = saved and not on
-    try:
-        yield
-    finally:
-        model.norm_rope_kernel = saved
+        setattr(model, name, saved)
 
 
 def logp_drift(results, ctx, reference, backend, dtype) -> dict:

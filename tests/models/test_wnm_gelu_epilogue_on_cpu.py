@@ -26,10 +26,12 @@ def test_feed_forward_off_cuda_is_the_module_bit_for_bit():
         assert got.grad_fn is not None and torch.equal(got, ffn(x))
 
 
-def test_model_switch_reaches_every_block_and_refuses_non_bools():
+@pytest.mark.parametrize("name", ["gelu_epilogue", "norm_rope_kernel"])
+def test_model_switch_reaches_every_block_and_refuses_non_bools(name):
+    # The model's two on/off inference fast paths (the GELU epilogue; the q/k norm + RoPE kernel, rms_norm_rope.py).
     model = WNMTransformer(WNMConfig.from_size("tiny", num_layers=3))
-    assert model.gelu_epilogue is True and all(b.gelu_epilogue for b in model.blocks)
-    model.gelu_epilogue = False
-    assert not any(b.gelu_epilogue for b in model.blocks)
-    with pytest.raises(ValueError, match="gelu_epilogue"):
-        model.gelu_epilogue = "yes"
+    assert getattr(model, name) is True and all(getattr(b, name) for b in model.blocks)
+    setattr(model, name, False)
+    assert getattr(model, name) is False and not any(getattr(b, name) for b in model.blocks)
+    with pytest.raises(ValueError, match=f"{name} must be True or False, got 'yes'"):
+        setattr(model, name, "yes")

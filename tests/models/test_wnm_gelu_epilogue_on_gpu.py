@@ -11,7 +11,7 @@ import math
 import pytest
 import torch
 from diffusers.models.attention import FeedForward
-from wnm_inputs import random_dit_inputs
+from wnm_inputs import cuda_bf16_dit_inputs
 
 from verl_omni.models.wnm import WNMConfig, WNMTransformer
 from verl_omni.models.wnm import block as wnm_block
@@ -56,11 +56,7 @@ def test_model_with_the_epilogue_stays_near_the_model_without(compiled):
     model = WNMTransformer(WNMConfig.from_size("tiny", num_layers=2)).cuda().to(torch.bfloat16).eval()
     if compiled:
         model.compile_blocks()
-    x, a, s, ctx = random_dit_inputs(model.config, b=3)
-    ctx = type(ctx)(
-        ctx.history_latents.cuda().bfloat16(), ctx.encoder_tokens.cuda().bfloat16(), ctx.encoder_mask.cuda()
-    )
-    inputs = (x.cuda().bfloat16(), a.cuda().bfloat16(), s.cuda(), ctx)
+    inputs = cuda_bf16_dit_inputs(model.config, b=3)
     fused = model(*inputs)
     model.gelu_epilogue = False
     plain = model(*inputs)

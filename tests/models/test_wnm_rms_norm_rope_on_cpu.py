@@ -19,7 +19,7 @@ import sys
 import pytest
 import torch
 
-from verl_omni.models.wnm import WNMConfig, WNMTransformer, rms_norm_rope
+from verl_omni.models.wnm import rms_norm_rope
 
 UNIT_ROUNDOFF = {torch.bfloat16: 2.0**-8, torch.float16: 2.0**-11}
 # Triton's interpreter casts fp32 to bf16 by truncation (checked: about half of random values land one ulp below
@@ -159,12 +159,3 @@ def test_kernel_applies_only_to_gradient_free_low_precision_cuda_calls():
     assert not rms_norm_rope.applies(x, weight)
     assert not rms_norm_rope.applies(x.float(), weight)
     assert not rms_norm_rope.applies(x, None)
-
-
-def test_transformer_switch_sets_every_block_and_rejects_non_bools():
-    model = WNMTransformer(WNMConfig.from_size("tiny", num_layers=2))
-    assert model.norm_rope_kernel is True and all(b.norm_rope_kernel for b in model.blocks)
-    model.norm_rope_kernel = False
-    assert not any(b.norm_rope_kernel for b in model.blocks)
-    with pytest.raises(ValueError, match="norm_rope_kernel must be True or False, got 'yes'"):
-        model.norm_rope_kernel = "yes"

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from wnm_inputs import random_dit_inputs
+from wnm_inputs import cuda_bf16_dit_inputs
 
 from verl_omni.models.wnm import WNMConfig, WNMTransformer, rms_norm_rope
 from verl_omni.models.wnm.attention import _self_attention
@@ -45,14 +45,6 @@ def test_kernel_is_within_two_roundings_of_the_exact_norm_and_rotation_at_wan_wi
     assert bool((err <= 2 * UNIT_ROUNDOFF[dtype] * size + 1e-6).all()), float((err / size).max())
 
 
-def _inputs(model, b=3):
-    x, a, s, ctx = random_dit_inputs(model.config, b=b)
-    ctx = type(ctx)(
-        ctx.history_latents.cuda().bfloat16(), ctx.encoder_tokens.cuda().bfloat16(), ctx.encoder_mask.cuda()
-    )
-    return x.cuda().bfloat16(), a.cuda().bfloat16(), s.cuda(), ctx
-
-
 @pytest.mark.parametrize("compiled", [False, True])
 @torch.no_grad()
 def test_model_with_the_kernel_stays_near_the_model_without(compiled):
@@ -60,7 +52,7 @@ def test_model_with_the_kernel_stays_near_the_model_without(compiled):
     model = WNMTransformer(WNMConfig.from_size("tiny", num_layers=2)).cuda().to(torch.bfloat16).eval()
     if compiled:
         model.compile_blocks()
-    inputs = _inputs(model)
+    inputs = cuda_bf16_dit_inputs(model.config, b=3)
     fused = model(*inputs)
     model.norm_rope_kernel = False
     plain = model(*inputs)
