@@ -15,6 +15,8 @@ the anchor, at the dims of ``scripts/bench_stage3_gpu.py``:
 - q/k norm + RoPE composite / by inductor: self-attention's q/k RMS norm and RoPE as separate operators (eager)
   or inductor's fusion of them (compiled), instead of the Triton kernel of ``rms_norm_rope.py``
   (``WNMTransformer.norm_rope_kernel = False``, the forward before session 38);
+- residual added in its block: each block adds its own feed-forward residual instead of leaving it to the next
+  block's first LayerNorm (``transformer.DEFER_FFN_RESIDUAL = False``, the forward before session 39), compiled;
 - stacked RoPE: the rotary embedding in its form before session 33 (:func:`stacked_rope`: the same arithmetic as a
   stacked result whose layout inductor picks), eager and compiled;
 - split/cat modulation: compiled blocks build the grouped modulation and gating by splitting and concatenating, as
@@ -41,6 +43,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import re
 import sys
 from pathlib import Path
 
@@ -108,7 +111,18 @@ def main(argv=None) -> int:
         "contains one are not timed (the anchors always are), e.g. 'masked,eager' to time only compiled rows within "
         "a device call's time",
     )
+    p.add_argument(
+        "--keep",
+        default=None,
+        help="a Python regular expression: only rows of our model whose name it matches (re.search) are timed, "
+        "after --drop (the anchors always are), e.g. 'FA4|FlashAttention-4' for the FlashAttention-4 rows; for "
+        "fragments that hold a comma, which --drop cannot take",
+    )
     args = p.parse_args(argv)
+    try:
+        keep = None if args.keep is None else re.compile(args.keep)
+    except re.error as e:
+        p.error(f"--keep must be a Python regular expression, got {args.keep!r}: {e}")
     if args.compile_mode is not None and not args.compiled:
         p.error("--compile-mode needs --compiled")
     if args.fp8_groups is not None:
@@ -131,7 +145,9 @@ def main(argv=None) -> int:
     drop = [f for f in args.drop.split(",") if f]
 
     def dropped(name: str) -> bool:
-        return name.startswith("WNM") and any(f in name for f in drop)
+        if not name.startswith("WNM"):
+            return False
+        return any(f in name for f in drop) or (keep is not None and not keep.search(name))
 
     cfg = WNMConfig.from_size(args.size)
     if args.text_valid is not None and not 1 <= args.text_valid <= cfg.text_max_length:
@@ -187,6 +203,7 @@ def main(argv=None) -> int:
             group_select=True,
             attention=None,
             norm_rope_kernel=True,
+            defer=True,
         ):
             wnm_block.LOW_PRECISION_NORM, wnm_block.LOW_PRECISION_ADDCMUL = norm, fused
             saved_attention = model.attention_backend
@@ -196,6 +213,7 @@ def main(argv=None) -> int:
                 wnm_attention._apply_rope = rope
             wnm_block.COMPILED_GROUP_SELECT = group_select
             wnm_transformer.SKIP_UNREAD_OUTPUTS, wnm_transformer.COMPACT_CONTEXT = skip, compact
+            wnm_transformer.DEFER_FFN_RESIDUAL = defer
             model.gelu_epilogue = gelu_epilogue
             # A replaced RoPE form only runs where the q/k norm + RoPE kernel does not.
             model.norm_rope_kernel = norm_rope_kernel and rope is None
@@ -204,6 +222,7 @@ def main(argv=None) -> int:
             finally:
                 wnm_block.LOW_PRECISION_NORM, wnm_block.LOW_PRECISION_ADDCMUL = True, True
                 wnm_transformer.SKIP_UNREAD_OUTPUTS, wnm_transformer.COMPACT_CONTEXT = True, True
+                wnm_transformer.DEFER_FFN_RESIDUAL = True
                 model.gelu_epilogue = True
                 model.norm_rope_kernel = True
                 wnm_attention._apply_rope = product_rope
@@ -230,6 +249,13 @@ def main(argv=None) -> int:
             "fp32 norms vs mul + add": float((v_norm - v_old).norm() / v_old.norm()),
             "now vs last block over all tokens": float((v_now - v_all).norm() / v_all.norm()),
         }
+        if args.compiled and not dropped("WNM compiled, residual added in its block"):
+            with torch.no_grad():  # eager keeps its bits; compiled, the add fuses into the next block's norm
+                v_deferred = run_ours(True, True, True, ours_compiled)[0].float()
+                v_in_block = run_ours(True, True, True, ours_compiled, defer=False)[0].float()
+            diffs["compiled: residual deferred vs in its block"] = float(
+                (v_deferred - v_in_block).norm() / v_in_block.norm()
+            )
         entries = {
             "WNM eager, bf16 norms + addcmul (now)": lambda f=run_ours: f(True, True),
             "WNM eager, separate GELU kernel": lambda f=run_ours: f(True, True, gelu_epilogue=False),
@@ -260,6 +286,9 @@ def main(argv=None) -> int:
                     True, True, True, ours_compiled, gelu_epilogue=False, rope=stacked_rope, group_select=False
                 ),
                 "WNM compiled, last block over all tokens": lambda f=run_ours: f(True, True, False, ours_compiled),
+                "WNM compiled, residual added in its block": lambda f=run_ours: f(
+                    True, True, True, ours_compiled, defer=False
+                ),
                 "diffusers compiled": lambda f=run_anchor: f(anchor_compiled),
             })  # fmt: skip
             if ours_multi is not None:
@@ -280,6 +309,9 @@ def main(argv=None) -> int:
                 )
                 entries["WNM compiled, FA4, q/k norm + RoPE by inductor"] = lambda f=run_ours: f(
                     True, True, True, ours_compiled, attention="fa4", norm_rope_kernel=False
+                )
+                entries["WNM compiled, FA4, residual added in its block"] = lambda f=run_ours: f(
+                    True, True, True, ours_compiled, attention="fa4", defer=False
                 )
                 if ours_multi is not None:
                     entries["WNM compiled, FA4, multi-kernel reductions"] = lambda f=run_ours: f(

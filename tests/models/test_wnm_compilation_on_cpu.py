@@ -28,7 +28,8 @@ def test_activation_memory_budget_sets_pytorchs_partitioner_setting_returns_the_
 
 def test_compiled_blocks_keep_compiling_past_dynamos_default_recompile_limit(monkeypatch):
     """Every compiled model in a process shares ``block_forward``'s recompile budget (dynamo's default is 8);
-    past it dynamo silently runs the block eagerly. Here 8 batch sizes x (all blocks, last block) = 16 graphs."""
+    past it dynamo silently runs the block eagerly. Here 8 batch sizes x (the first block, which leaves its
+    feed-forward residual to the next; the last block, which adds it) = 16 graphs."""
     import functools
 
     import torch._dynamo as dynamo

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import types
+from unittest import mock
 
 import pytest
 import torch
@@ -77,7 +78,14 @@ def _reference_copy(model: WNMTransformer) -> WNMTransformer:
     for block in ref.blocks:
         block.block_forward = types.MethodType(_reference_block_forward, block)
     ref._context_mask = lambda context: context.encoder_mask  # the previous forward always passed the mask on
+    ref.forward = types.MethodType(_every_block_adds_its_residual, ref)
     return ref
+
+
+def _every_block_adds_its_residual(self, *args, **kwargs):
+    """The previous loop: no block leaves its feed-forward residual to the next."""
+    with mock.patch.object(transformer_module, "DEFER_FFN_RESIDUAL", False):
+        return WNMTransformer.forward(self, *args, **kwargs)
 
 
 # ----------------------------------------------------------------------------- fixtures

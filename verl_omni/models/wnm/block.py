@@ -227,6 +227,24 @@ def _groups_from(lengths: list[int] | None, start: int, seq_len: int) -> tuple[l
     return lengths[first:], first
 
 
+class PendingResidual:
+    """A block's feed-forward output and gate not yet added to the residual stream (see ``defer_residual``).
+
+    Attributes:
+        branch: ``[B, S, D]`` the feed-forward output, in the activation dtype.
+        gate: ``[B, G, D]`` fp32, one row per modulation group.
+
+    A plain class rather than a tuple or a dataclass on purpose: FSDP2's mixed precision casts every floating
+    tensor it finds in a module's inputs, looking through tuples, lists, dicts and dataclasses, to the compute
+    dtype. That would round the fp32 gate to bf16 on its way into the next block, a rounding the in-block add never
+    had; other objects it passes on as they are.
+    """
+
+    def __init__(self, branch: torch.Tensor, gate: torch.Tensor) -> None:
+        self.branch = branch
+        self.gate = gate
+
+
 class WNMTransformerBlock(WanTransformerBlock):
     """diffusers' ``WanTransformerBlock`` (same modules and keys) with grouped modulation and a context mask.
 
@@ -272,6 +290,8 @@ class WNMTransformerBlock(WanTransformerBlock):
         return_kv: bool = False,
         *,
         outputs_from: int = 0,
+        pending: PendingResidual | None = None,
+        defer_residual: bool = False,
     ) -> torch.Tensor | tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
         """Runs the block.
 
@@ -289,11 +309,26 @@ class WNMTransformerBlock(WanTransformerBlock):
                 value to self-attention, but the others ask no query and skip the cross-attention and the
                 feed-forward: the last block's history outputs are never read, and they are about half its tokens.
                 With ``group_lengths`` it must fall on a group boundary.
+            pending: The previous block's feed-forward output and gate (its ``defer_residual`` result), added to
+                ``hidden_states`` here before the first norm.
+            defer_residual: Return the feed-forward output and its gate instead of adding them to the residual
+                stream, for the next block's ``pending``. Why: a compiled block is one graph, so the gated residual
+                add that ends it and the LayerNorm that starts the next were two kernels, the second reading back
+                the row the first had just written. Moved into the next block they fuse into one kernel that reads
+                the stream and the branch once and writes the sum and the normed row. The same operations in the
+                same order, so eager and fp32 results keep their bits. ``WNMTransformer`` defers except under
+                activation checkpointing.
 
         Returns:
-            ``[B, S', D]`` with ``S' = S - outputs_from``, or ``([B, S', D], (key, value))`` with ``return_kv``
-            (keys and values of all S tokens).
+            ``[B, S', D]`` with ``S' = S - outputs_from``; ``([B, S', D], (key, value))`` with ``return_kv`` (keys
+            and values of all S tokens); ``([B, S, D], (ff_output [B, S, D], gate [B, G, D]))`` with
+            ``defer_residual``, the stream before this block's feed-forward residual (the caller wraps the pair in a
+            :class:`PendingResidual` for the next block; a compiled block returns plain tensors).
         """
+        if defer_residual and (return_kv or outputs_from):
+            raise ValueError(
+                "defer_residual returns the block's pending residual; it excludes return_kv and outputs_from"
+            )
         if temb.ndim == 4:
             if group_lengths is None or len(group_lengths) != temb.shape[1]:
                 raise ValueError("grouped temb [B, G, 6, D] needs group_lengths with G entries")
@@ -303,6 +338,10 @@ class WNMTransformerBlock(WanTransformerBlock):
             mods = tuple(m.unsqueeze(1) for m in mods)
             group_lengths = None
         shift_msa, scale_msa, gate_msa, c_shift_msa, c_scale_msa, c_gate_msa = mods
+        if pending is not None:  # the previous block's feed-forward residual (its defer_residual)
+            hidden_states = _gate(
+                hidden_states, pending.branch, pending.gate, group_lengths, encoder_hidden_states.dtype
+            )
         dtype, backend = hidden_states.dtype, self.attention_backend
         # The tokens whose outputs are returned, and their modulation groups (the leading groups dropped).
         kept_lengths, first_group = _groups_from(group_lengths, outputs_from, hidden_states.shape[1])
@@ -327,5 +366,7 @@ class WNMTransformerBlock(WanTransformerBlock):
         # 3. Feed-forward.
         normed = _modulate(_layer_norm(self.norm3, hidden_states), c_scale_msa, c_shift_msa, kept_lengths, dtype)
         ff_output = _feed_forward(self.ffn, normed, self.gelu_epilogue)
+        if defer_residual:
+            return hidden_states, (ff_output, c_gate_msa)
         hidden_states = _gate(hidden_states, ff_output, c_gate_msa, kept_lengths, encoder_hidden_states.dtype)
         return (hidden_states, kv) if return_kv else hidden_states

@@ -33,7 +33,7 @@ from diffusers.models.normalization import FP32LayerNorm
 from diffusers.models.transformers.transformer_wan import WanTimeTextImageEmbedding
 
 from .attention import ATTENTION_BACKENDS
-from .block import WNMTransformerBlock
+from .block import PendingResidual, WNMTransformerBlock
 from .compilation import raise_recompile_limit
 from .config import WNMConfig
 from .context import WNMContext, _FeatureProjector
@@ -54,6 +54,14 @@ __all__ = [
 # are skipped (about half of one block's work). False runs the last block over all tokens, as before, so that a
 # benchmark can time both in one process; the outputs are the same either way.
 SKIP_UNREAD_OUTPUTS = True
+
+# Each block but the last leaves its feed-forward residual to the next block (WNMTransformerBlock.block_forward's
+# defer_residual and pending), where the compiled graph fuses that add with the next LayerNorm: one kernel that
+# reads the stream and the branch once and writes the sum and the normed row, where two kernels wrote the sum and
+# read it back. Same operations in the same order, so eager and fp32 results keep their bits. Not under activation
+# checkpointing: a checkpointed block would save the pending branch output as one more input, where today it
+# recomputes it. False = every block adds its own residual, for benchmarks that time both in one process.
+DEFER_FFN_RESIDUAL = True
 
 # In bf16/fp16, cross-attention runs over the attended context tokens only (WNMTransformer._cross_attention_context):
 # a prompt's padded text positions are dropped instead of masked. Real instructions fill a few dozen of the 512 text
@@ -419,10 +427,46 @@ class WNMTransformer(nn.Module):
         nh = layout["history"].stop
         rope = (cos[:, nh:], sin[:, nh:])
         ctx, mask = self._cross_attention_context(context, dtype)
-        for block, prefix in zip(self.blocks, history, strict=True):
-            x = block(x, ctx, proj[:, 1], rope, mask, None, prefix)
+        x = self._run_blocks(x, (ctx, proj[:, 1], rope, mask, None), prefixes=history)
         nt = layout["target"].stop - layout["target"].start
         return self._heads(x[:, :nt], x[:, nt:], temb[:, 1:2])
+
+    def _run_blocks(
+        self,
+        x: torch.Tensor,
+        block_args: tuple,
+        prefixes: tuple[tuple[torch.Tensor, torch.Tensor], ...] | None = None,
+        last_outputs_from: int = 0,
+    ) -> torch.Tensor:
+        """Runs the blocks over ``x [B, S, D]``, each leaving its feed-forward residual to the next unless
+        activation checkpointing is on (see ``DEFER_FFN_RESIDUAL``).
+
+        Args:
+            x: ``[B, S, D]`` input tokens.
+            block_args: ``(context, temb, rotary_emb, context_mask, group_lengths)`` for every block.
+            prefixes: Per block, the history keys/values it attends to (``isolated`` models), or None.
+            last_outputs_from: The last block returns tokens ``last_outputs_from:`` only (0 = all).
+
+        Returns:
+            ``[B, S', D]``, the last block's output.
+        """
+        if prefixes is not None and len(prefixes) != len(self.blocks):
+            raise ValueError(f"history keys/values for {len(prefixes)} blocks, but the model has {len(self.blocks)}")
+        checkpointed = torch.is_grad_enabled() and any(block.activation_checkpointing for block in self.blocks)
+        defer = DEFER_FFN_RESIDUAL and not checkpointed
+        last = len(self.blocks) - 1
+        pending = None
+        for i, block in enumerate(self.blocks):
+            prefix = None if prefixes is None else prefixes[i]
+            kwargs = {} if pending is None else {"pending": pending}
+            if i == last:
+                x = block(x, *block_args, prefix, outputs_from=last_outputs_from, **kwargs)
+            elif defer:
+                x, (branch, gate) = block(x, *block_args, prefix, defer_residual=True, **kwargs)
+                pending = PendingResidual(branch, gate)
+            else:
+                x = block(x, *block_args, prefix, **kwargs)
+        return x
 
     def _heads(
         self, xt: torch.Tensor, xa: torch.Tensor, noisy_temb: torch.Tensor, action_temb: torch.Tensor | None = None
@@ -554,12 +598,9 @@ class WNMTransformer(nn.Module):
         temb, timestep_proj = self._time_embeddings(sigma, dtype, context, action_sigma)
         rope = self.rotary_embedding(x.device)
         ctx, mask = self._cross_attention_context(context, dtype)
-        last = len(self.blocks) - 1
-        for i, block in enumerate(self.blocks):
-            if i == last and SKIP_UNREAD_OUTPUTS:
-                x = block(x, ctx, timestep_proj, rope, mask, groups, outputs_from=nh)
-            else:
-                x = block(x, ctx, timestep_proj, rope, mask, groups)
+        x = self._run_blocks(
+            x, (ctx, timestep_proj, rope, mask, groups), last_outputs_from=nh if SKIP_UNREAD_OUTPUTS else 0
+        )
         if not SKIP_UNREAD_OUTPUTS or not len(self.blocks):
             x = x[:, nh:]  # history outputs are not used: the heads read the target and action tokens
 
