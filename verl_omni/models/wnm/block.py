@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 from diffusers.models.transformers.transformer_wan import WanTransformerBlock
 
+from . import residual_norm
 from .attention import _cross_attention, _self_attention
 
 # Eager inference with low-precision activations uses one addcmul per group in _modulate and _gate (see there);
@@ -206,6 +207,44 @@ def _feed_forward(ffn: torch.nn.Module, x: torch.Tensor, epilogue: bool = True) 
     return hidden
 
 
+def _add_and_norm(
+    norm: torch.nn.Module,
+    x: torch.Tensor,
+    branch: torch.Tensor | None,
+    gate: torch.Tensor | None,
+    lengths: list[int] | None,
+    modulation: tuple[torch.Tensor, torch.Tensor] | None,
+    stream_dtype: torch.dtype,
+    kernel: bool,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A branch joins the residual stream and the stream is normalised: ``(stream, normed)``, each ``[B, S, D]``.
+
+    ``stream`` is ``x`` plus ``branch`` (through the per-group ``gate`` when given; ``x`` itself without a branch)
+    in ``stream_dtype``; ``normed`` is ``norm(stream)``, modulated by ``modulation = (scale, shift)`` when given, in
+    the stream's dtype. Where the fused kernel applies (``kernel``, CUDA, bf16/fp16, no grad; see
+    ``residual_norm.applies``) it computes both in one pass over the rows; otherwise the composite form below, whose
+    fp32 and autograd bits are those of the block before the kernel.
+    """
+    fused = (
+        kernel
+        and stream_dtype == x.dtype
+        and (branch is None or branch.dtype == x.dtype)
+        and residual_norm.applies(x, norm, lengths)
+    )
+    if fused:
+        scale, shift = modulation if modulation is not None else (None, None)
+        return residual_norm.fused_residual_layer_norm(norm, x, branch, gate, lengths, scale, shift)
+    if branch is None:
+        stream = x
+    elif gate is None:
+        stream = x + branch
+    else:
+        stream = _gate(x, branch, gate, lengths, stream_dtype)
+    if modulation is None:
+        return stream, _layer_norm(norm, stream).type_as(stream)
+    return stream, _modulate(_layer_norm(norm, stream), modulation[0], modulation[1], lengths, stream.dtype)
+
+
 def _groups_from(lengths: list[int] | None, start: int, seq_len: int) -> tuple[list[int] | None, int]:
     """The modulation groups of tokens ``start:`` of a sequence of ``seq_len`` tokens.
 
@@ -271,6 +310,9 @@ class WNMTransformerBlock(WanTransformerBlock):
     # Inference on CUDA computes self-attention's q/k RMS norm and RoPE in one Triton kernel (rms_norm_rope.py);
     # set for all blocks through WNMTransformer.norm_rope_kernel.
     norm_rope_kernel = True
+    # Inference on CUDA adds each branch to the residual stream and computes the LayerNorm after it in one Triton
+    # kernel (residual_norm.py); set for all blocks through WNMTransformer.residual_norm_kernel.
+    residual_norm_kernel = True
 
     def forward(self, *args, **kwargs):  # type: ignore[override]
         """Runs :meth:`block_forward`, under activation checkpointing when it is on and grad is enabled."""
@@ -338,11 +380,14 @@ class WNMTransformerBlock(WanTransformerBlock):
             mods = tuple(m.unsqueeze(1) for m in mods)
             group_lengths = None
         shift_msa, scale_msa, gate_msa, c_shift_msa, c_scale_msa, c_gate_msa = mods
-        if pending is not None:  # the previous block's feed-forward residual (its defer_residual)
-            hidden_states = _gate(
-                hidden_states, pending.branch, pending.gate, group_lengths, encoder_hidden_states.dtype
-            )
-        dtype, backend = hidden_states.dtype, self.attention_backend
+        kernel, backend = self.residual_norm_kernel, self.attention_backend
+        # The previous block's feed-forward residual (its defer_residual), added where the norm reads the stream.
+        branch, gate = (None, None) if pending is None else (pending.branch, pending.gate)
+        hidden_states, normed = _add_and_norm(
+            self.norm1, hidden_states, branch, gate, group_lengths, (scale_msa, shift_msa),
+            encoder_hidden_states.dtype, kernel,
+        )  # fmt: skip
+        dtype = hidden_states.dtype
         # The tokens whose outputs are returned, and their modulation groups (the leading groups dropped).
         kept_lengths, first_group = _groups_from(group_lengths, outputs_from, hidden_states.shape[1])
         gate_msa, c_shift_msa, c_scale_msa, c_gate_msa = (
@@ -350,21 +395,23 @@ class WNMTransformerBlock(WanTransformerBlock):
         )
 
         # 1. Self-attention over the joint sequence (queries from the returned tokens only).
-        normed = _modulate(_layer_norm(self.norm1, hidden_states), scale_msa, shift_msa, group_lengths, dtype)
         attn_output, kv = _self_attention(
             self.attn1, normed, rotary_emb, prefix_kv, backend, outputs_from, self.norm_rope_kernel
         )
         if outputs_from:
             hidden_states = hidden_states[:, outputs_from:]
-        hidden_states = _gate(hidden_states, attn_output, gate_msa, kept_lengths, dtype)
+        hidden_states, normed = _add_and_norm(
+            self.norm2, hidden_states, attn_output, gate_msa, kept_lengths, None, dtype, kernel
+        )
 
         # 2. Cross-attention to the context; the mask broadcasts over heads and queries.
         mask = None if encoder_attention_mask is None else encoder_attention_mask[:, None, None, :]
-        normed = _layer_norm(self.norm2, hidden_states).type_as(hidden_states)
-        hidden_states = hidden_states + _cross_attention(self.attn2, normed, encoder_hidden_states, mask, backend)
+        cross_output = _cross_attention(self.attn2, normed, encoder_hidden_states, mask, backend)
+        hidden_states, normed = _add_and_norm(
+            self.norm3, hidden_states, cross_output, None, kept_lengths, (c_scale_msa, c_shift_msa), dtype, kernel
+        )
 
         # 3. Feed-forward.
-        normed = _modulate(_layer_norm(self.norm3, hidden_states), c_scale_msa, c_shift_msa, kept_lengths, dtype)
         ff_output = _feed_forward(self.ffn, normed, self.gelu_epilogue)
         if defer_residual:
             return hidden_states, (ff_output, c_gate_msa)

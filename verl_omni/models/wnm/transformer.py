@@ -198,6 +198,13 @@ class WNMTransformer(nn.Module):
         doc="""Whether bf16/fp16 inference on CUDA computes self-attention's q/k RMS norm and RoPE in one Triton
         kernel (default True; ``rms_norm_rope.py``; training, fp32 and CPU keep the composite form).""",
     )
+    residual_norm_kernel = property(
+        lambda self: self.blocks[0].residual_norm_kernel if len(self.blocks) else True,
+        lambda self, on: self._set_block_switch("residual_norm_kernel", on),
+        doc="""Whether bf16/fp16 inference on CUDA adds each branch to the residual stream and computes the
+        LayerNorm after it in one Triton kernel (default True; ``residual_norm.py``; training, fp32 and CPU keep the
+        composite form).""",
+    )
 
     @staticmethod
     def _context_mask(context: WNMContext) -> torch.Tensor | None:
