@@ -16,7 +16,10 @@ the anchor, at the dims of ``scripts/bench_stage3_gpu.py``:
   or inductor's fusion of them (compiled), instead of the Triton kernel of ``rms_norm_rope.py``
   (``WNMTransformer.norm_rope_kernel = False``, the forward before session 38);
 - residual added in its block: each block adds its own feed-forward residual instead of leaving it to the next
-  block's first LayerNorm (``transformer.DEFER_FFN_RESIDUAL = False``, the forward before session 39), compiled;
+  block's first LayerNorm (``transformer.DEFER_FFN_RESIDUAL = False``), compiled;
+- add + norm by inductor: the block's three residual adds and the LayerNorms after them as inductor fuses them,
+  instead of the Triton kernel of ``residual_norm.py`` (``WNMTransformer.residual_norm_kernel = False``), compiled;
+  and session 38 (both off): both of the above, the compiled forward before session 39;
 - stacked RoPE: the rotary embedding in its form before session 33 (:func:`stacked_rope`: the same arithmetic as a
   stacked result whose layout inductor picks), eager and compiled;
 - split/cat modulation: compiled blocks build the grouped modulation and gating by splitting and concatenating, as
@@ -204,6 +207,7 @@ def main(argv=None) -> int:
             attention=None,
             norm_rope_kernel=True,
             defer=True,
+            add_norm_kernel=True,
         ):
             wnm_block.LOW_PRECISION_NORM, wnm_block.LOW_PRECISION_ADDCMUL = norm, fused
             saved_attention = model.attention_backend
@@ -214,6 +218,7 @@ def main(argv=None) -> int:
             wnm_block.COMPILED_GROUP_SELECT = group_select
             wnm_transformer.SKIP_UNREAD_OUTPUTS, wnm_transformer.COMPACT_CONTEXT = skip, compact
             wnm_transformer.DEFER_FFN_RESIDUAL = defer
+            model.residual_norm_kernel = add_norm_kernel
             model.gelu_epilogue = gelu_epilogue
             # A replaced RoPE form only runs where the q/k norm + RoPE kernel does not.
             model.norm_rope_kernel = norm_rope_kernel and rope is None
@@ -223,6 +228,7 @@ def main(argv=None) -> int:
                 wnm_block.LOW_PRECISION_NORM, wnm_block.LOW_PRECISION_ADDCMUL = True, True
                 wnm_transformer.SKIP_UNREAD_OUTPUTS, wnm_transformer.COMPACT_CONTEXT = True, True
                 wnm_transformer.DEFER_FFN_RESIDUAL = True
+                model.residual_norm_kernel = True
                 model.gelu_epilogue = True
                 model.norm_rope_kernel = True
                 wnm_attention._apply_rope = product_rope
@@ -249,17 +255,21 @@ def main(argv=None) -> int:
             "fp32 norms vs mul + add": float((v_norm - v_old).norm() / v_old.norm()),
             "now vs last block over all tokens": float((v_now - v_all).norm() / v_all.norm()),
         }
-        if args.compiled and not dropped("WNM compiled, residual added in its block"):
-            with torch.no_grad():  # eager keeps its bits; compiled, the add fuses into the next block's norm
-                v_deferred = run_ours(True, True, True, ours_compiled)[0].float()
-                v_in_block = run_ours(True, True, True, ours_compiled, defer=False)[0].float()
-            diffs["compiled: residual deferred vs in its block"] = float(
-                (v_deferred - v_in_block).norm() / v_in_block.norm()
-            )
+        if args.compiled and not dropped("WNM compiled, session 38 (both off)"):
+            with torch.no_grad():  # rounding differences of the compiled forms against session 38's
+                v_s38 = run_ours(True, True, True, ours_compiled, defer=False, add_norm_kernel=False)[0].float()
+                for label, kwargs in (
+                    ("now", {}),
+                    ("residual deferred only", {"add_norm_kernel": False}),
+                    ("add + norm kernel only", {"defer": False}),
+                ):
+                    v = run_ours(True, True, True, ours_compiled, **kwargs)[0].float()
+                    diffs[f"compiled: {label} vs session 38's compiled"] = float((v - v_s38).norm() / v_s38.norm())
         entries = {
             "WNM eager, bf16 norms + addcmul (now)": lambda f=run_ours: f(True, True),
             "WNM eager, separate GELU kernel": lambda f=run_ours: f(True, True, gelu_epilogue=False),
             "WNM eager, q/k norm + RoPE composite": lambda f=run_ours: f(True, True, norm_rope_kernel=False),
+            "WNM eager, add + norm composite": lambda f=run_ours: f(True, True, add_norm_kernel=False),
             "WNM eager, stacked RoPE": lambda f=run_ours: f(True, True, rope=stacked_rope),
             "WNM eager, last block over all tokens": lambda f=run_ours: f(True, True, False),
             "WNM eager, fp32 norms + addcmul": lambda f=run_ours: f(False, True),
@@ -289,6 +299,12 @@ def main(argv=None) -> int:
                 "WNM compiled, residual added in its block": lambda f=run_ours: f(
                     True, True, True, ours_compiled, defer=False
                 ),
+                "WNM compiled, add + norm by inductor": lambda f=run_ours: f(
+                    True, True, True, ours_compiled, add_norm_kernel=False
+                ),
+                "WNM compiled, session 38 (both off)": lambda f=run_ours: f(
+                    True, True, True, ours_compiled, defer=False, add_norm_kernel=False
+                ),
                 "diffusers compiled": lambda f=run_anchor: f(anchor_compiled),
             })  # fmt: skip
             if ours_multi is not None:
@@ -312,6 +328,12 @@ def main(argv=None) -> int:
                 )
                 entries["WNM compiled, FA4, residual added in its block"] = lambda f=run_ours: f(
                     True, True, True, ours_compiled, attention="fa4", defer=False
+                )
+                entries["WNM compiled, FA4, add + norm by inductor"] = lambda f=run_ours: f(
+                    True, True, True, ours_compiled, attention="fa4", add_norm_kernel=False
+                )
+                entries["WNM compiled, FA4, session 38 (both off)"] = lambda f=run_ours: f(
+                    True, True, True, ours_compiled, attention="fa4", defer=False, add_norm_kernel=False
                 )
                 if ours_multi is not None:
                     entries["WNM compiled, FA4, multi-kernel reductions"] = lambda f=run_ours: f(

@@ -79,7 +79,9 @@ def parse_args(argv=None) -> argparse.Namespace:
         "as a kernel of its own, not in the GEMM's epilogue), compiled-inductor-rope (self-attention's q/k norm "
         "and RoPE fused by inductor instead of the Triton kernel of rms_norm_rope.py), compiled-residual-in-block "
         "(each block adds its own feed-forward residual instead of leaving it to the next), compiled-multi-kernel "
-        "(compile_blocks(multi_kernel=True): inductor's persistent reductions over the model width), isolated, "
+        "(compile_blocks(multi_kernel=True): inductor's persistent reductions over the model width), "
+        "compiled-session38 (the residual in its block and the add + norm by inductor: session 38's rollout), "
+        "isolated, "
         "fp8 (the opt-in FP8 rollout copy, compiled with --compile; its log-prob drift from the bf16 model is "
         "reported beside the bf16 control)",
     )
@@ -177,6 +179,7 @@ def parse_args(argv=None) -> argparse.Namespace:
         "compiled-inductor-rope",
         "compiled-residual-in-block",
         "compiled-multi-kernel",
+        "compiled-session38",
         "isolated",
         "fp8",
     }
@@ -572,6 +575,7 @@ def bench_group(cfg, args, device, dtype, ours, ours_compiled, ours_isolated, pe
         variants.append(("compiled, separate GELU kernel", ours_compiled, True, "compiled-no-epilogue"))
         variants.append(("compiled, q/k norm+RoPE by inductor", ours_compiled, True, "compiled-inductor-rope"))
         variants.append(("compiled, residual in its block", ours_compiled, True, "compiled-residual-in-block"))
+        variants.append(("compiled, session 38's forward", ours_compiled, True, "compiled-session38"))
         if "compiled-multi-kernel" in wanted:
             multi = copy.deepcopy(ours)
             multi.compile_blocks(multi_kernel=True)
@@ -598,7 +602,8 @@ def bench_group(cfg, args, device, dtype, ours, ours_compiled, ours_isolated, pe
         with (
             with_fast_path_off(model, "gelu_epilogue", key == "compiled-no-epilogue"),
             with_fast_path_off(model, "norm_rope_kernel", key == "compiled-inductor-rope"),
-            with_residual_in_block(key == "compiled-residual-in-block"),
+            with_residual_in_block(key in ("compiled-residual-in-block", "compiled-session38")),
+            with_fast_path_off(model, "residual_norm_kernel", key == "compiled-session38"),
         ):
             t = median_time(lambda backend=backend: backend.generate(reqs, ctx), device, 1, max(2, args.iters // 2))
         # The isolated model's per-step forward is smaller (its history runs once per prompt, not counted here).
