@@ -171,13 +171,16 @@ def residual_layer_norm(
     stream = torch.empty((batch, seq_len, width) if y is not None else (0,), dtype=x.dtype, device=x.device)
     torch.library.wrap_triton(_kernel())[(batch * seq_len,)](
         x,
-        x if y is None else y,  # pointers a constexpr flag leaves unread point at x
-        x if gate is None else gate,
-        x if weight is None else weight,
-        x if bias is None else bias,
-        x if scale is None else scale,
-        x if shift is None else shift,
-        x if y is None else stream,
+        # A pointer that a constexpr flag leaves untouched points at ``out``, the op's own output: if inductor's
+        # analysis of which arguments the kernel writes ever fell back to "all of them", no input would be taken
+        # for written.
+        out if y is None else y,
+        out if gate is None else gate,
+        out if weight is None else weight,
+        out if bias is None else bias,
+        out if scale is None else scale,
+        out if shift is None else shift,
+        out if y is None else stream,
         out,
         seq_len,
         second_group,
