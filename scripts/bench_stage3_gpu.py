@@ -78,8 +78,7 @@ def parse_args(argv=None) -> argparse.Namespace:
         help="(b) variants to time: eager-unshared, eager, compiled, compiled-no-epilogue (the feed-forward's GELU "
         "as a kernel of its own, not in the GEMM's epilogue), compiled-inductor-rope (self-attention's q/k norm "
         "and RoPE fused by inductor instead of the Triton kernel of rms_norm_rope.py), compiled-residual-in-block "
-        "(each block adds its own feed-forward residual instead of leaving it to the next), compiled-multi-kernel "
-        "(compile_blocks(multi_kernel=True): inductor's persistent reductions over the model width), "
+        "(each block adds its own feed-forward residual instead of leaving it to the next), "
         "compiled-session38 (the residual in its block and the add + norm by inductor: session 38's rollout), "
         "isolated, "
         "fp8 (the opt-in FP8 rollout copy, compiled with --compile; its log-prob drift from the bf16 model is "
@@ -117,18 +116,6 @@ def parse_args(argv=None) -> argparse.Namespace:
         help="(c), compiled: comma-separated torch._functorch activation memory budgets (0 < b < 1), one variant "
         "each without activation checkpointing at --ckpt-micro-batch: inductor's partitioner then chooses what to "
         "recompute in backward under that share of the default saved-activation memory",
-    )
-    p.add_argument(
-        "--multi-kernel",
-        action="store_true",
-        help="(c): each compiled variant is also timed compiled with inductor's triton.multi_kernel (persistent "
-        "reductions over the model width; compile_blocks(multi_kernel=True)), forward and backward",
-    )
-    p.add_argument(
-        "--residual-in-block",
-        action="store_true",
-        help="(c): each compiled variant without activation checkpointing is also timed with every block adding its "
-        "own feed-forward residual (transformer.DEFER_FFN_RESIDUAL off, the update before session 39)",
     )
     p.add_argument(
         "--skip", default="", help="comma-separated parts to skip: a, check, ode (check's sampler part), b, c"
@@ -178,7 +165,6 @@ def parse_args(argv=None) -> argparse.Namespace:
         "compiled-no-epilogue",
         "compiled-inductor-rope",
         "compiled-residual-in-block",
-        "compiled-multi-kernel",
         "compiled-session38",
         "isolated",
         "fp8",
@@ -576,10 +562,6 @@ def bench_group(cfg, args, device, dtype, ours, ours_compiled, ours_isolated, pe
         variants.append(("compiled, q/k norm+RoPE by inductor", ours_compiled, True, "compiled-inductor-rope"))
         variants.append(("compiled, residual in its block", ours_compiled, True, "compiled-residual-in-block"))
         variants.append(("compiled, session 38's forward", ours_compiled, True, "compiled-session38"))
-        if "compiled-multi-kernel" in wanted:
-            multi = copy.deepcopy(ours)
-            multi.compile_blocks(multi_kernel=True)
-            variants.append(("compiled, multi-kernel", multi, True, "compiled-multi-kernel"))
     if ours_isolated is not None:
         variants.append(("isolated history", ours_isolated, True, "isolated"))
     if "fp8" in wanted:
@@ -629,8 +611,10 @@ def bench_group(cfg, args, device, dtype, ours, ours_compiled, ours_isolated, pe
 @contextlib.contextmanager
 def with_fast_path_off(model, name: str, on: bool):
     """With ``on``, ``model``'s inference fast path ``name`` is off for the block: ``gelu_epilogue`` (the GELU as a
-    kernel of its own after the GEMM, the forward before session 33) or ``norm_rope_kernel`` (q/k norm and RoPE as
-    inductor fuses them, the forward before session 38), so that one process times the group both ways."""
+    kernel of its own after the GEMM, the forward before session 33), ``norm_rope_kernel`` (q/k norm and RoPE as
+    inductor fuses them, the forward before session 38) or ``residual_norm_kernel`` (the residual adds and the
+    LayerNorms after them as inductor fuses them, before session 39), so that one process times the group both
+    ways."""
     saved = getattr(model, name)
     setattr(model, name, saved and not on)
     try:
@@ -720,25 +704,18 @@ class TrainVariant:
         ckpt_blocks: With ``checkpointing``: how many blocks, from the first, to checkpoint; None = all.
         memory_budget: Inductor's activation memory budget (compiled, no checkpointing, at ``--ckpt-micro-batch``);
             None = PyTorch's default.
-        multi_kernel: Compiled with ``compile_blocks(multi_kernel=True)`` (``--multi-kernel``).
-        residual_in_block: Every block adds its own feed-forward residual (``--residual-in-block``).
     """
 
     compiled: bool
     checkpointing: bool = False
     ckpt_blocks: int | None = None
     memory_budget: float | None = None
-    multi_kernel: bool = False
-    residual_in_block: bool = False
 
     @property
     def name(self) -> str:
-        suffix = (", multi-kernel" if self.multi_kernel else "") + (
-            ", residual in block" if self.residual_in_block else ""
-        )
         if self.memory_budget is not None:
-            return f"compiled, mem. budget {self.memory_budget:g}{suffix}"
-        return ("compiled" if self.compiled else "eager") + (" + act. ckpt" if self.checkpointing else "") + suffix
+            return f"compiled, mem. budget {self.memory_budget:g}"
+        return ("compiled" if self.compiled else "eager") + (" + act. ckpt" if self.checkpointing else "")
 
     def checkpointed_blocks(self, num_layers: int) -> int:
         """How many of ``num_layers`` blocks run under activation checkpointing."""
@@ -765,10 +742,6 @@ def train_variants(args) -> list[TrainVariant]:
         out += [TrainVariant(compiled, checkpointing=True, ckpt_blocks=n) for n in counts]
     if True in kinds:
         out += [TrainVariant(True, memory_budget=b) for b in args.memory_budget_values]
-    if args.multi_kernel:
-        out += [dataclasses.replace(v, multi_kernel=True) for v in out if v.compiled]
-    if args.residual_in_block:  # checkpointed blocks add their own residual anyway
-        out += [dataclasses.replace(v, residual_in_block=True) for v in out if v.compiled and not v.checkpointing]
     return out
 
 
@@ -781,19 +754,6 @@ def train_variant(cfg, device, dtype, mesh, group, peak: float, attention: str, 
         variant: Compile, checkpointing and memory-budget settings.
         mb: Transitions per forward/backward, and the rollout's rows per DiT call.
     """
-    if variant.residual_in_block:
-        with with_residual_in_block(True):
-            return train_variant(
-                cfg,
-                device,
-                dtype,
-                mesh,
-                group,
-                peak,
-                attention,
-                dataclasses.replace(variant, residual_in_block=False),
-                mb,
-            )
     if variant.memory_budget is None:
         return _train_variant(cfg, device, dtype, mesh, group, peak, attention, variant, mb)
     from verl_omni.models.wnm.compilation import set_activation_memory_budget
@@ -827,7 +787,7 @@ def _train_variant(
         fully_shard(block, mesh=mesh, mp_policy=mp)
     fully_shard(model, mesh=mesh, mp_policy=mp)
     if variant.compiled:
-        model.compile_blocks(multi_kernel=variant.multi_kernel)
+        model.compile_blocks()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-6)
     n = len(reqs)
     # The rollout runs the same FSDP module (fp32 storage, bf16 compute), as the colocated actor does, with

@@ -48,7 +48,7 @@ def test_deferred_residual_keeps_the_eager_outputs_bit_for_bit(model, monkeypatc
         assert d.dtype == dtype and torch.equal(d, r)
 
 
-def test_blocks_pass_the_residual_on_except_under_activation_checkpointing(model):
+def test_blocks_pass_the_residual_on_only_in_inference_with_the_add_norm_kernel_on(model):
     seen = []
     hooks = [
         blk.register_forward_pre_hook(
@@ -58,29 +58,25 @@ def test_blocks_pass_the_residual_on_except_under_activation_checkpointing(model
         for blk in model.blocks
     ]
     inputs = random_dit_inputs(model.config, seed=3)
-    runs = []
+
+    def blocks_of_one_forward(grad: bool) -> list[tuple[bool, bool]]:
+        seen.clear()
+        with torch.set_grad_enabled(grad):
+            model(*inputs)
+        return list(seen)
+
     try:
-        with torch.no_grad():
-            model(*inputs)
-        runs.append(list(seen))
-        seen.clear()
-        model(*inputs)  # training without checkpointing
-        runs.append(list(seen))
-        seen.clear()
-        model.set_activation_checkpointing(1)  # a checkpointed block would save the branch output as an input
-        model(*inputs)
-        runs.append(list(seen))
-        with torch.no_grad():  # inference ignores checkpointing
-            seen.clear()
-            model(*inputs)
-            runs.append(list(seen))
+        inference = blocks_of_one_forward(False)
+        training = blocks_of_one_forward(True)  # the update keeps the add in its block (memory, first ratios)
+        model.residual_norm_kernel = False  # the deferral exists for the kernel's add; off with it
+        without_kernel = blocks_of_one_forward(False)
     finally:
-        model.set_activation_checkpointing(0)
+        model.residual_norm_kernel = True
         for h in hooks:
             h.remove()
     # (defers its residual, takes the previous one) per block.
-    deferred = [(True, False), (True, True), (False, True)]
-    assert runs == [deferred, deferred, [(False, False)] * 3, deferred]
+    assert inference == [(True, False), (True, True), (False, True)]
+    assert training == without_kernel == [(False, False)] * 3
 
 
 def test_the_pending_pair_is_the_gated_residual_the_block_would_have_added(model):

@@ -151,18 +151,3 @@ def test_memory_budget_variants_are_checked_and_run_after_the_checkpointed_ones(
     args = bench.parse_args("--compile --train-variants eager,compiled --checkpointing both --ckpt-blocks 1".split())
     assert bench.train_variants(args) == [V(False), V(False, True, 1), V(True), V(True, True, 1)]
     assert not V(False).large_micro_batch and V(False).name == "eager"
-    # --multi-kernel repeats each compiled variant, in order, compiled with persistent-reduction candidates.
-    args = bench.parse_args("--compile --train-variants eager,compiled --checkpointing on --multi-kernel".split())
-    assert bench.train_variants(args) == [V(False, True), V(True, True), V(True, True, multi_kernel=True)]
-    assert bench.train_variants(args)[-1].name == "compiled + act. ckpt, multi-kernel"
-    args = bench.parse_args(
-        "--compile --train-variants compiled --checkpointing on --memory-budgets 0.05 --multi-kernel".split()
-    )
-    assert [v.name for v in bench.train_variants(args)][-1] == "compiled, mem. budget 0.05, multi-kernel"
-    # --residual-in-block repeats the compiled variants without checkpointing (checkpointed blocks add their own).
-    argv = "--compile --train-variants compiled --checkpointing on --memory-budgets 0.05 --residual-in-block"
-    assert bench.train_variants(bench.parse_args(argv.split())) == [
-        V(True, True),
-        V(True, memory_budget=0.05),
-        V(True, memory_budget=0.05, residual_in_block=True),
-    ]

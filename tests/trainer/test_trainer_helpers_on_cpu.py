@@ -164,12 +164,13 @@ def test_rollout_fp8_needs_recomputed_old_logprobs_and_the_native_backend():
         trainer_config_from_dict(_minimal(rollout={"fp8": "yes"}, algorithm={"recompute_old_logp": True}))
 
 
-def test_rollout_norm_rope_kernel_defaults_on_and_must_be_a_bool():
-    assert trainer_config_from_dict(_minimal()).rollout.norm_rope_kernel is True
-    off = trainer_config_from_dict(_minimal(rollout={"norm_rope_kernel": False}))
-    assert off.rollout.norm_rope_kernel is False
-    with pytest.raises(ConfigError, match=r"rollout\.norm_rope_kernel: must be true or false, got 1"):
-        trainer_config_from_dict(_minimal(rollout={"norm_rope_kernel": 1}))
+@pytest.mark.parametrize("field", ["norm_rope_kernel", "residual_norm_kernel"])
+def test_rollout_kernel_switches_default_on_and_must_be_bools(field):
+    assert getattr(trainer_config_from_dict(_minimal()).rollout, field) is True
+    off = trainer_config_from_dict(_minimal(rollout={field: False}))
+    assert getattr(off.rollout, field) is False
+    with pytest.raises(ConfigError, match=rf"rollout\.{field}: must be true or false, got 1"):
+        trainer_config_from_dict(_minimal(rollout={field: 1}))
 
 
 def test_rollout_gelu_epilogue_defaults_on_and_must_be_a_bool():

@@ -137,6 +137,11 @@ class RolloutConfig:
             in one Triton kernel (``WNMTransformer.norm_rope_kernel``, ``models/wnm/rms_norm_rope.py``). The
             update keeps the composite form (the kernel has no backward), so, as with ``gelu_epilogue``, the first
             PPO ratios then differ from 1 by bf16 rounding; false gives back bit-equal log-probs there.
+        residual_norm_kernel: On CUDA in bf16, the rollout adds each branch to the residual stream and computes
+            the LayerNorm after it in one Triton kernel, each block leaving its feed-forward residual to the next
+            block's kernel (``WNMTransformer.residual_norm_kernel``, ``models/wnm/residual_norm.py``). The update
+            keeps the composite form, so, as with ``norm_rope_kernel``, the first PPO ratios then differ from 1 by
+            bf16 rounding; false gives back bit-equal log-probs there.
     """
 
     backend: str = "native"
@@ -153,6 +158,7 @@ class RolloutConfig:
     fp8: bool = False
     gelu_epilogue: bool = True
     norm_rope_kernel: bool = True
+    residual_norm_kernel: bool = True
 
     def sampler_config(self):
         """This section as the sampler's own config (:class:`~verl_omni.pipelines.wnm_shared.SamplerConfig`)."""
@@ -205,6 +211,11 @@ class RolloutConfig:
             isinstance(self.norm_rope_kernel, bool),
             f"{p}.norm_rope_kernel",
             f"must be true or false, got {self.norm_rope_kernel!r}",
+        )
+        _require(
+            isinstance(self.residual_norm_kernel, bool),
+            f"{p}.residual_norm_kernel",
+            f"must be true or false, got {self.residual_norm_kernel!r}",
         )
         _require(
             not self.fp8 or self.backend == "native",

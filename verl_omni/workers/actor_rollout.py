@@ -193,6 +193,7 @@ class ActorRolloutWorker(Worker):
         model.transformer.set_history_attention(cfg.actor.history_attention)
         model.transformer.gelu_epilogue = cfg.rollout.gelu_epilogue
         model.transformer.norm_rope_kernel = cfg.rollout.norm_rope_kernel
+        model.transformer.residual_norm_kernel = cfg.rollout.residual_norm_kernel
         model.transformer.attention_backend = cfg.actor.attention_backend  # fa4 without its package fails here
         if cfg.actor.compile:
             from verl_omni.models.wnm.compilation import set_activation_memory_budget
@@ -272,6 +273,7 @@ class ActorRolloutWorker(Worker):
             history_attention=cfg.actor.history_attention,
             gelu_epilogue=cfg.rollout.gelu_epilogue,
             norm_rope_kernel=cfg.rollout.norm_rope_kernel,
+            residual_norm_kernel=cfg.rollout.residual_norm_kernel,
             attention_backend=cfg.actor.attention_backend,
             max_num_seqs=cfg.rollout.micro_batch_size,
         )
@@ -296,6 +298,7 @@ class ActorRolloutWorker(Worker):
         fp8.set_history_attention(cfg.actor.history_attention)
         fp8.gelu_epilogue = cfg.rollout.gelu_epilogue  # its feed-forward input stays bf16 unless converted
         fp8.norm_rope_kernel = cfg.rollout.norm_rope_kernel
+        fp8.residual_norm_kernel = cfg.rollout.residual_norm_kernel
         fp8.attention_backend = cfg.actor.attention_backend
         if cfg.actor.compile:
             fp8.compile_blocks()

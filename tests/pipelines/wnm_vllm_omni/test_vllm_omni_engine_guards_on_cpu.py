@@ -52,22 +52,26 @@ def test_engine_applies_the_trainers_model_settings_and_refuses_bad_ones():
         gelu_epilogue=False,
         attention_backend="cudnn",
         norm_rope_kernel=False,
+        residual_norm_kernel=False,
     ).custom_pipeline_args()
     assert args["history_attention"] == "isolated" and args["gelu_epilogue"] is False
     assert args["attention_backend"] == "cudnn" and args["norm_rope_kernel"] is False
     pipe = pipeline(args)
     assert pipe.transformer.history_attention == "isolated" and pipe.transformer.gelu_epilogue is False
     assert pipe.transformer.attention_backend == "cudnn" and pipe.transformer.norm_rope_kernel is False
+    assert args["residual_norm_kernel"] is False and pipe.transformer.residual_norm_kernel is False
     # Unset (None): the model keeps its own settings.
     plain = VllmOmniEngineConfig(checkpoint="ck").custom_pipeline_args()
     pipe = pipeline(plain)
     assert pipe.transformer.history_attention == "full" and pipe.transformer.gelu_epilogue is True
     assert pipe.transformer.attention_backend == "default" and pipe.transformer.norm_rope_kernel is True
+    assert pipe.transformer.residual_norm_kernel is True
     for bad in (
         {"history_attention": "joint"},
         {"gelu_epilogue": "no"},
         {"attention_backend": "flash3"},
         {"norm_rope_kernel": "no"},
+        {"residual_norm_kernel": "no"},
     ):
         with pytest.raises(ValueError, match=next(iter(bad))):
             pipeline({**plain, **bad})

@@ -354,12 +354,12 @@ class WNMTransformerBlock(WanTransformerBlock):
             pending: The previous block's feed-forward output and gate (its ``defer_residual`` result), added to
                 ``hidden_states`` here before the first norm.
             defer_residual: Return the feed-forward output and its gate instead of adding them to the residual
-                stream, for the next block's ``pending``. Why: a compiled block is one graph, so the gated residual
-                add that ends it and the LayerNorm that starts the next were two kernels, the second reading back
-                the row the first had just written. Moved into the next block they fuse into one kernel that reads
-                the stream and the branch once and writes the sum and the normed row. The same operations in the
-                same order, so eager and fp32 results keep their bits. ``WNMTransformer`` defers except under
-                activation checkpointing.
+                stream, for the next block's ``pending``. Why: the gated residual add that ends a block and the
+                LayerNorm that starts the next were two passes over the rows, the second reading back what the
+                first had just written. Moved into the next block, its add + norm kernel (``residual_norm.py``)
+                reads the stream and the branch once and writes the sum and the normed row. The same operations in the
+                same order, so eager and fp32 results keep their bits. ``WNMTransformer`` defers in inference with
+                the add + norm kernel on, whose kernel then does the add.
 
         Returns:
             ``[B, S', D]`` with ``S' = S - outputs_from``; ``([B, S', D], (key, value))`` with ``return_kv`` (keys

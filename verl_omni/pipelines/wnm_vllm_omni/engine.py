@@ -70,6 +70,8 @@ class VllmOmniEngineConfig:
         gelu_epilogue: ``WNMTransformer.gelu_epilogue`` in the engine (``rollout.gelu_epilogue``); None = on.
         norm_rope_kernel: ``WNMTransformer.norm_rope_kernel`` in the engine (``rollout.norm_rope_kernel``);
             None = on.
+        residual_norm_kernel: ``WNMTransformer.residual_norm_kernel`` in the engine
+            (``rollout.residual_norm_kernel``); None = on.
         attention_backend: ``WNMTransformer.attention_backend`` in the engine (``actor.attention_backend``), so
             that the engine runs the trainer's attention kernels; None = ``default``.
         max_num_seqs: Rollouts vLLM-Omni may batch into one pipeline call.
@@ -94,6 +96,7 @@ class VllmOmniEngineConfig:
     history_attention: str | None = None
     gelu_epilogue: bool | None = None
     norm_rope_kernel: bool | None = None
+    residual_norm_kernel: bool | None = None
     attention_backend: str | None = None
     max_num_seqs: int = 16
     ulysses_degree: int = 1
@@ -120,6 +123,7 @@ class VllmOmniEngineConfig:
             "history_attention": self.history_attention,
             "gelu_epilogue": self.gelu_epilogue,
             "norm_rope_kernel": self.norm_rope_kernel,
+            "residual_norm_kernel": self.residual_norm_kernel,
             "attention_backend": self.attention_backend,
         }
 

@@ -14,8 +14,9 @@ built and inspected where vllm is not installed. ``od_config`` fields used:
 - ``dtype``: DiT compute dtype (the SDE math and log-probs are fp32 regardless);
 - ``custom_pipeline_args``: ``{"sampler": {SamplerConfig fields}, "deterministic": bool|None,
   "chunk_size": int|None, "history_attention": "full"|"isolated"|None, "gelu_epilogue": bool|None,
-  "norm_rope_kernel": bool|None, "attention_backend": "default"|"cudnn"|"fa4"|None}``; the
-  sampler fields and the history attention must equal the trainer's (the client sends them).
+  "norm_rope_kernel": bool|None, "residual_norm_kernel": bool|None,
+  "attention_backend": "default"|"cudnn"|"fa4"|None}``; the sampler fields and the history attention must equal
+  the trainer's (the client sends them).
 """
 
 from __future__ import annotations
@@ -96,6 +97,8 @@ class WNMDiTPipeline(nn.Module):
             model.transformer.gelu_epilogue = args["gelu_epilogue"]
         if args.get("norm_rope_kernel") is not None:
             model.transformer.norm_rope_kernel = args["norm_rope_kernel"]
+        if args.get("residual_norm_kernel") is not None:
+            model.transformer.residual_norm_kernel = args["residual_norm_kernel"]
         if args.get("attention_backend") is not None:
             model.transformer.attention_backend = args["attention_backend"]
         self.core = WNMPipelineCore.from_model(model, sampler, config)
