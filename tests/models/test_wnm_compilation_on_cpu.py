@@ -75,7 +75,7 @@ def test_multi_kernel_asks_inductor_for_persistent_reduction_candidates_and_refu
     monkeypatch.setattr(torch, "compile", recording_compile)
     model = WNMTransformer(WNMConfig.from_size("tiny", num_layers=1))
     model.compile_blocks(multi_kernel=True)
-    assert seen["options"] == {"triton.multi_kernel": 1} and seen["mode"] is None
+    assert seen["options"] == {"triton.multi_kernel": 1, "fx_graph_cache": False} and seen["mode"] is None
     seen.clear()
     WNMTransformer(WNMConfig.from_size("tiny", num_layers=1)).compile_blocks()
     assert seen["options"] is None  # the default compile is unchanged

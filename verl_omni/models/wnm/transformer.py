@@ -316,7 +316,10 @@ class WNMTransformer(nn.Module):
         raise_recompile_limit()
         if multi_kernel and mode is not None:
             raise ValueError(f"compile_blocks: multi_kernel cannot be combined with mode={mode!r}")
-        options = {"triton.multi_kernel": 1} if multi_kernel else None
+        # Without inductor's FX graph cache: in torch 2.11 a multi-kernel graph loaded from that cache fails in
+        # MultiKernelCall.load_cache (Triton's hash lock is None there; an H100 group benchmark hit it in session
+        # 39 after the forward benchmark had cached the same graph). Compiling afresh costs start-up time only.
+        options = {"triton.multi_kernel": 1, "fx_graph_cache": False} if multi_kernel else None
         compiled = torch.compile(WNMTransformerBlock.block_forward, mode=mode, dynamic=dynamic, options=options)
         for block in self.blocks:
             block.block_forward = types.MethodType(compiled, block)
