@@ -36,7 +36,8 @@ KERNEL_NAME = re.compile(r"\b(?:cpp_fused|triton_(?:poi|red|per|tem)_fused)\w*")
 
 def graph_kernels(model, inputs: tuple) -> list[list[str]]:
     """Names of the fused kernels of each graph inductor generates for one no-grad forward of ``model``, in the
-    order the graphs were compiled (the repeated block's first)."""
+    order the graphs were compiled: the first block's, the repeated middle block's, the last block's (with fewer
+    than three blocks, the middle one's is missing)."""
     from torch._inductor.utils import run_and_get_code
 
     with torch.no_grad():
@@ -103,7 +104,7 @@ def main(argv=None) -> int:
         graphs = form_kernels(cfg, inputs, device, dtype, select=select, rope=rope)
         print(f"\n{name}: {len(graphs)} graph(s)")
         for g, kernels in enumerate(graphs):
-            what = "the repeated block" if g == 0 else "the last block" if g == 1 else f"graph {g}"
+            what = {0: "the first block", 1: "the repeated middle block", 2: "the last block"}.get(g, f"graph {g}")
             print(f"  {what}: {len(kernels)} fused kernels")
             for k in kernels:
                 print(f"    {k}")

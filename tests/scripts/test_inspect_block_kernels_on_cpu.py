@@ -52,9 +52,10 @@ def test_stacked_rope_adds_a_layout_copy_kernel_in_front_of_attention():
         name: ibk.form_kernels(cfg, inputs, torch.device("cpu"), torch.bfloat16, select=True, rope=rope)
         for name, rope in (("slices", product_rope), ("stacked", stacked_rope))
     }
-    # Two graphs each: the repeated block and the last block (which returns only the target tokens).
-    assert [len(g) for g in graphs.values()] == [2, 2]
-    found = {name: g[0] for name, g in graphs.items()}
+    # Three graphs each, in compile order: the first block (which leaves its feed-forward residual to the next), the
+    # repeated middle block (which takes one and leaves one) and the last block (which returns only the target tokens).
+    assert [len(g) for g in graphs.values()] == [3, 3]
+    found = {name: g[1] for name, g in graphs.items()}
     # The product's forms are back in place afterwards.
     assert wnm_attention._apply_rope is product_rope and wnm_block.COMPILED_GROUP_SELECT is True
     if not found["slices"]:
