@@ -103,8 +103,11 @@ def main(argv=None) -> int:
     for name, select, rope in forms:
         graphs = form_kernels(cfg, inputs, device, dtype, select=select, rope=rope)
         print(f"\n{name}: {len(graphs)} graph(s)")
+        labels = ["the first block", "the repeated middle block", "the last block"]
+        if len(graphs) == 2:  # two blocks: no middle one
+            labels = [labels[0], labels[2]]
         for g, kernels in enumerate(graphs):
-            what = {0: "the first block", 1: "the repeated middle block", 2: "the last block"}.get(g, f"graph {g}")
+            what = labels[g] if g < len(labels) else f"graph {g}"
             print(f"  {what}: {len(kernels)} fused kernels")
             for k in kernels:
                 print(f"    {k}")
