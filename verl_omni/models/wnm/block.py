@@ -417,3 +417,42 @@ class WNMTransformerBlock(WanTransformerBlock):
             return hidden_states, (ff_output, c_gate_msa)
         hidden_states = _gate(hidden_states, ff_output, c_gate_msa, kept_lengths, encoder_hidden_states.dtype)
         return (hidden_states, kv) if return_kv else hidden_states
+
+
+def run_blocks(
+    blocks: torch.nn.ModuleList,
+    x: torch.Tensor,
+    block_args: tuple,
+    prefixes: tuple[tuple[torch.Tensor, torch.Tensor], ...] | None = None,
+    last_outputs_from: int = 0,
+    defer: bool = False,
+) -> torch.Tensor:
+    """Runs ``blocks`` in order over ``x [B, S, D]``.
+
+    Args:
+        blocks: The model's :class:`WNMTransformerBlock` s.
+        x: ``[B, S, D]`` input tokens.
+        block_args: ``(context, temb, rotary_emb, context_mask, group_lengths)`` for every block.
+        prefixes: Per block, the history keys/values it attends to (``isolated`` models), or None.
+        last_outputs_from: The last block returns tokens ``last_outputs_from:`` only (0 = all).
+        defer: Each block but the last leaves its feed-forward residual to the next (``defer_residual``, passed on
+            as a :class:`PendingResidual`), whose first add + norm does the add.
+
+    Returns:
+        ``[B, S', D]``, the last block's output.
+    """
+    if prefixes is not None and len(prefixes) != len(blocks):
+        raise ValueError(f"history keys/values for {len(prefixes)} blocks, but the model has {len(blocks)}")
+    last = len(blocks) - 1
+    pending = None
+    for i, block in enumerate(blocks):
+        prefix = None if prefixes is None else prefixes[i]
+        kwargs = {} if pending is None else {"pending": pending}
+        if i == last:
+            x = block(x, *block_args, prefix, outputs_from=last_outputs_from, **kwargs)
+        elif defer:
+            x, (branch, gate) = block(x, *block_args, prefix, defer_residual=True, **kwargs)
+            pending = PendingResidual(branch, gate)
+        else:
+            x = block(x, *block_args, prefix, **kwargs)
+    return x

@@ -132,3 +132,15 @@ class _FeatureProjector(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = self.norm(x.float()).type_as(x)
         return self.linear_2(F.gelu(self.linear_1(h), approximate="tanh"))
+
+
+def masked_mean(tokens: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    """Mean of ``tokens [B, L, D]`` over the positions where ``mask [B, L]`` is True (all when None).
+
+    Computed in ``tokens.dtype``; a row with no True position gives zeros. Returns ``[B, D]``.
+    """
+    if mask is None:
+        weights = torch.ones(tokens.shape[:2], dtype=tokens.dtype, device=tokens.device)
+    else:
+        weights = mask.to(tokens.dtype)
+    return (tokens * weights[..., None]).sum(1) / weights.sum(1, keepdim=True).clamp_min(1.0)

@@ -33,10 +33,10 @@ from diffusers.models.normalization import FP32LayerNorm
 from diffusers.models.transformers.transformer_wan import WanTimeTextImageEmbedding
 
 from .attention import ATTENTION_BACKENDS
-from .block import PendingResidual, WNMTransformerBlock
+from .block import WNMTransformerBlock, run_blocks
 from .compilation import raise_recompile_limit
 from .config import WNMConfig
-from .context import WNMContext, _FeatureProjector
+from .context import WNMContext, _FeatureProjector, masked_mean
 from .rope import joint_sequence_rope
 
 # Re-exported: callers and tests import these from here (the module they lived in before the split).
@@ -50,29 +50,22 @@ __all__ = [
 ]
 
 # The last block returns only the target and action tokens (WNMTransformerBlock.block_forward's outputs_from): the
-# heads never read the history tokens' outputs, so their queries, cross-attention and feed-forward in that block
-# are skipped (about half of one block's work). False runs the last block over all tokens, as before, so that a
-# benchmark can time both in one process; the outputs are the same either way.
+# heads never read the history tokens' outputs, so that block skips their queries, cross-attention and feed-forward
+# (half its work). False runs it over all tokens, for benchmarks that time both; the outputs are the same.
 SKIP_UNREAD_OUTPUTS = True
 
-# In inference with the add + norm kernel on (WNMTransformer.residual_norm_kernel), each block but the last leaves
-# its feed-forward residual to the next block (WNMTransformerBlock.block_forward's defer_residual and pending), whose
-# first add + norm kernel (residual_norm.py) then adds it and writes the new stream and the normed row in one pass,
-# where the add at the end of the block and the norm at the start of the next were two passes. Same operations in
-# the same order, so eager and fp32 results keep their bits. H100, Wan-1.3B, batch 16, compiled with
-# FlashAttention-4: 451.2 ms against 454.5 ms with the add in its block (session 39). Inductor's own fusion gains
-# nothing from it (it recomputes the sum in both of its consumers), hence tied to the kernel. Not in training: with
-# the update's memory budget of 0.05 it saved 1.3% of a step but kept 12 GiB more activations (64.7 against 52.3
-# GiB) and doubled the first-ratio gap. False = every block adds its own residual, for benchmarks that time both.
+# In inference with the add + norm kernel on, each block but the last leaves its feed-forward residual to the next
+# block's kernel (block.run_blocks; eager and fp32 bits unchanged): H100, batch 16, FA4, 451.2 against 454.5 ms
+# (session 39). Not in training (12 GiB more activations for 1.3% of a step), nor for inductor's fusion alone (it
+# recomputes the sum in both consumers). False = every block adds its own residual, for benchmarks that time both.
 DEFER_FFN_RESIDUAL = True
 
 # In bf16/fp16, cross-attention runs over the attended context tokens only (WNMTransformer._cross_attention_context):
 # a prompt's padded text positions are dropped instead of masked. Real instructions fill a few dozen of the 512 text
 # positions, so a real run's context is about half padding, and every block projected it to keys/values and
 # attended over it for nothing (about 3% of a Wan-1.3B forward's FLOPs at 32 text tokens), through a mask that
-# rules out flash attention and costs cuDNN an additive bias. Exact in real arithmetic (masked keys weigh exactly
-# 0); in bf16 the sums run in another order. fp32 keeps the masked form bit for bit. False = the masked form
-# everywhere, for benchmarks that time both in one process.
+# rules out flash attention and costs cuDNN an additive bias. Exact in real arithmetic (masked keys weigh 0); in
+# bf16 the sums run in another order; fp32 keeps the masked form bit for bit. False = masked everywhere (benchmarks).
 COMPACT_CONTEXT = True
 
 # Keys (prefixes) of the Wan-compatible video part; everything else in our state dict is WNM-specific.
@@ -82,18 +75,6 @@ WAN_VIDEO_PREFIXES = ("patch_embedding.", "condition_embedder.", "blocks.", "pro
 def is_wan_video_key(key: str) -> bool:
     """True for a state-dict key of the Wan-compatible video part (see :data:`WAN_VIDEO_PREFIXES`)."""
     return any(key == p or key.startswith(p) for p in WAN_VIDEO_PREFIXES)
-
-
-def masked_mean(tokens: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
-    """Mean of ``tokens [B, L, D]`` over the positions where ``mask [B, L]`` is True (all when None).
-
-    Computed in ``tokens.dtype``; a row with no True position gives zeros. Returns ``[B, D]``.
-    """
-    if mask is None:
-        weights = torch.ones(tokens.shape[:2], dtype=tokens.dtype, device=tokens.device)
-    else:
-        weights = mask.to(tokens.dtype)
-    return (tokens * weights[..., None]).sum(1) / weights.sum(1, keepdim=True).clamp_min(1.0)
 
 
 class WNMTransformer(nn.Module):
@@ -204,9 +185,8 @@ class WNMTransformer(nn.Module):
     residual_norm_kernel = property(
         lambda self: self.blocks[0].residual_norm_kernel if len(self.blocks) else True,
         lambda self, on: self._set_block_switch("residual_norm_kernel", on),
-        doc="""Whether bf16/fp16 inference on CUDA adds each branch to the residual stream and computes the
-        LayerNorm after it in one Triton kernel (default True; ``residual_norm.py``; training, fp32 and CPU keep the
-        composite form).""",
+        doc="""Whether bf16/fp16 inference on CUDA adds each branch to the stream and computes the LayerNorm after
+        it in one Triton kernel (default True; ``residual_norm.py``; training, fp32 and CPU keep the composite).""",
     )
 
     @staticmethod
@@ -230,8 +210,7 @@ class WNMTransformer(nn.Module):
 
         In fp32 (or with ``COMPACT_CONTEXT`` off) the context as it is, with :meth:`_context_mask`. In bf16/fp16
         each row's attended tokens move to the front in their order, the context is cut to the longest row's count,
-        and a mask remains only where rows differ in length (rows of one prompt never do). One host sync per
-        forward, as :meth:`_context_mask` has.
+        and a mask remains only where rows differ in length (rows of one prompt never do). One host sync a forward.
         """
         tokens, mask = context.encoder_tokens.to(dtype), context.encoder_mask
         if not COMPACT_CONTEXT or dtype not in (torch.bfloat16, torch.float16) or mask is None:
@@ -316,9 +295,8 @@ class WNMTransformer(nn.Module):
         raise_recompile_limit()
         if multi_kernel and mode is not None:
             raise ValueError(f"compile_blocks: multi_kernel cannot be combined with mode={mode!r}")
-        # Without inductor's FX graph cache: in torch 2.11 a multi-kernel graph loaded from that cache fails in
-        # MultiKernelCall.load_cache (Triton's hash lock is None there; an H100 group benchmark hit it in session
-        # 39 after the forward benchmark had cached the same graph). Compiling afresh costs start-up time only.
+        # No FX graph cache: torch 2.11 fails loading a cached multi-kernel graph (MultiKernelCall.load_cache, H100,
+        # session 39). Compiling afresh costs start-up time only.
         options = {"triton.multi_kernel": 1, "fx_graph_cache": False} if multi_kernel else None
         compiled = torch.compile(WNMTransformerBlock.block_forward, mode=mode, dynamic=dynamic, options=options)
         for block in self.blocks:
@@ -444,41 +422,10 @@ class WNMTransformer(nn.Module):
         nt = layout["target"].stop - layout["target"].start
         return self._heads(x[:, :nt], x[:, nt:], temb[:, 1:2])
 
-    def _run_blocks(
-        self,
-        x: torch.Tensor,
-        block_args: tuple,
-        prefixes: tuple[tuple[torch.Tensor, torch.Tensor], ...] | None = None,
-        last_outputs_from: int = 0,
-    ) -> torch.Tensor:
-        """Runs the blocks over ``x [B, S, D]``, in inference with the add + norm kernel each leaving its
-        feed-forward residual to the next (see ``DEFER_FFN_RESIDUAL``).
-
-        Args:
-            x: ``[B, S, D]`` input tokens.
-            block_args: ``(context, temb, rotary_emb, context_mask, group_lengths)`` for every block.
-            prefixes: Per block, the history keys/values it attends to (``isolated`` models), or None.
-            last_outputs_from: The last block returns tokens ``last_outputs_from:`` only (0 = all).
-
-        Returns:
-            ``[B, S', D]``, the last block's output.
-        """
-        if prefixes is not None and len(prefixes) != len(self.blocks):
-            raise ValueError(f"history keys/values for {len(prefixes)} blocks, but the model has {len(self.blocks)}")
+    def _run_blocks(self, x, block_args, prefixes=None, last_outputs_from: int = 0) -> torch.Tensor:
+        """:func:`block.run_blocks` over the blocks, with the residual deferred where ``DEFER_FFN_RESIDUAL`` says."""
         defer = DEFER_FFN_RESIDUAL and not torch.is_grad_enabled() and self.residual_norm_kernel
-        last = len(self.blocks) - 1
-        pending = None
-        for i, block in enumerate(self.blocks):
-            prefix = None if prefixes is None else prefixes[i]
-            kwargs = {} if pending is None else {"pending": pending}
-            if i == last:
-                x = block(x, *block_args, prefix, outputs_from=last_outputs_from, **kwargs)
-            elif defer:
-                x, (branch, gate) = block(x, *block_args, prefix, defer_residual=True, **kwargs)
-                pending = PendingResidual(branch, gate)
-            else:
-                x = block(x, *block_args, prefix, **kwargs)
-        return x
+        return run_blocks(self.blocks, x, block_args, prefixes, last_outputs_from, defer)
 
     def _heads(
         self, xt: torch.Tensor, xa: torch.Tensor, noisy_temb: torch.Tensor, action_temb: torch.Tensor | None = None
