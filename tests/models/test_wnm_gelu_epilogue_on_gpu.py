@@ -11,16 +11,12 @@ import math
 import pytest
 import torch
 from diffusers.models.attention import FeedForward
-from wnm_inputs import cuda_bf16_dit_inputs
+from wnm_inputs import cuda_bf16_outputs_with_and_without
+from wnm_inputs import relative_difference as _rel
 
-from verl_omni.models.wnm import WNMConfig, WNMTransformer
 from verl_omni.models.wnm import block as wnm_block
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-
-
-def _rel(a, b):
-    return float((a.double() - b.double()).norm() / b.double().norm())
 
 
 def _gelu_tanh(z: torch.Tensor) -> torch.Tensor:
@@ -50,16 +46,8 @@ def test_fp32_on_cuda_keeps_the_module_bit_for_bit():
 
 
 @pytest.mark.parametrize("compiled", [False, True])
-@torch.no_grad()
 def test_model_with_the_epilogue_stays_near_the_model_without(compiled):
-    torch.manual_seed(0)
-    model = WNMTransformer(WNMConfig.from_size("tiny", num_layers=2)).cuda().to(torch.bfloat16).eval()
-    if compiled:
-        model.compile_blocks()
-    inputs = cuda_bf16_dit_inputs(model.config, b=3)
-    fused = model(*inputs)
-    model.gelu_epilogue = False
-    plain = model(*inputs)
+    fused, plain = cuda_bf16_outputs_with_and_without(lambda m: setattr(m, "gelu_epilogue", False), compiled=compiled)
     for f, p in zip(fused, plain, strict=True):
         assert torch.isfinite(f).all()
         assert _rel(f, p) < 2e-2  # bf16 rounding only

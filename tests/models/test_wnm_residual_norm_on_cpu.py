@@ -14,18 +14,11 @@ bf16 gets ``2 u``.
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
 import pytest
 import torch
+from triton_checks import INTERPRETED_ROUNDINGS, UNIT_ROUNDOFF, run_interpreted
 
-UNIT_ROUNDOFF = {torch.bfloat16: 2.0**-8, torch.float16: 2.0**-11}
-ROUNDINGS_SIZE = {torch.bfloat16: 2.0, torch.float16: 1.0}
-
-# The interpreter is chosen when Triton is first imported, so the kernel runs in a child process started with
-# TRITON_INTERPRET=1: it reads the cases this module saved, calls the op, and saves the outputs.
+# The kernel runs in a child process under Triton's interpreter (tests/triton_checks.py says why).
 _CHILD = """
 import sys
 import torch
@@ -41,18 +34,6 @@ with torch.no_grad():
             out[name] = residual_norm.fused_residual_layer_norm(norm, *case["args"])
 torch.save(out, sys.argv[2])
 """
-
-
-def _interpreted(cases: dict, tmp_path) -> dict:
-    pytest.importorskip("triton", reason="Triton's interpreter runs the kernel on the CPU (the triton extra)")
-    inputs, outputs = tmp_path / "cases.pt", tmp_path / "outputs.pt"
-    torch.save(cases, inputs)
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    proc = subprocess.run(
-        [sys.executable, "-c", _CHILD, str(inputs), str(outputs)], env=env, capture_output=True, text=True, timeout=300
-    )
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return torch.load(outputs)
 
 
 def _per_token(table: torch.Tensor | None, lengths: list[int]) -> torch.Tensor | None:
@@ -123,7 +104,7 @@ def interpreted(tmp_path_factory) -> dict:
     cases = {name: _built(name)[0] for name in CASES}
     x, _, _, _, _, scale, shift, *_ = MODULE_CASE[0]["args"]
     cases["module"] = {"kind": "module", "width": 32, "eps": 1e-6, "args": (x, None, None, [2, 4], scale, shift)}
-    return _interpreted(cases, tmp_path_factory.mktemp("residual_norm"))
+    return run_interpreted(_CHILD, cases, tmp_path_factory.mktemp("residual_norm"))
 
 
 @pytest.mark.parametrize("name", list(CASES))
@@ -132,7 +113,7 @@ def test_kernel_within_one_rounding_of_float64(name, interpreted):
     case, lengths = _built(name)
     stream, normed = interpreted[name]
     x, y, gate, weight, bias, scale, shift, _, _, eps = case["args"]
-    u = ROUNDINGS_SIZE[dtype] * UNIT_ROUNDOFF[dtype]
+    u = INTERPRETED_ROUNDINGS[dtype] * UNIT_ROUNDOFF[dtype]
     if y is None:
         assert stream.numel() == 0
         stored = x

@@ -5,16 +5,14 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_wnm_residual_norm_on_cpu import UNIT_ROUNDOFF, _case, _exact_normed, _exact_stream
-from wnm_inputs import cuda_bf16_dit_inputs
+from test_wnm_residual_norm_on_cpu import _case, _exact_normed, _exact_stream
+from triton_checks import UNIT_ROUNDOFF
+from wnm_inputs import cuda_bf16_dit_inputs, cuda_bf16_outputs_with_and_without
+from wnm_inputs import relative_difference as _rel
 
 from verl_omni.models.wnm import WNMConfig, WNMTransformer, residual_norm
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-
-
-def _rel(a, b):
-    return float((a.double() - b.double()).norm() / b.double().norm())
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
@@ -35,16 +33,9 @@ def test_kernel_within_one_rounding_of_float64_at_wan_widths(dtype, width, affin
 
 
 @pytest.mark.parametrize("compiled", [False, True])
-@torch.no_grad()
 def test_model_with_the_kernel_stays_near_the_model_without(compiled):
-    torch.manual_seed(0)
-    model = WNMTransformer(WNMConfig.from_size("tiny", num_layers=3)).cuda().to(torch.bfloat16).eval()
-    if compiled:
-        model.compile_blocks()
-    inputs = cuda_bf16_dit_inputs(model.config, b=3)
-    fused = model(*inputs)
-    model.residual_norm_kernel = False
-    plain = model(*inputs)
+    off = lambda m: setattr(m, "residual_norm_kernel", False)  # noqa: E731
+    fused, plain = cuda_bf16_outputs_with_and_without(off, num_layers=3, compiled=compiled)
     for f, p in zip(fused, plain, strict=True):
         assert torch.isfinite(f).all()
         assert _rel(f, p) < 2e-2  # bf16 rounding only

@@ -12,26 +12,13 @@ once more, at most ``u (|e| + |o|)``; so ``|got - exact| <= 2 u (|e| + |o|)`` pl
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
 import pytest
 import torch
+from triton_checks import INTERPRETED_ROUNDINGS, UNIT_ROUNDOFF, run_interpreted
 
 from verl_omni.models.wnm import rms_norm_rope
 
-UNIT_ROUNDOFF = {torch.bfloat16: 2.0**-8, torch.float16: 2.0**-11}
-# Triton's interpreter casts fp32 to bf16 by truncation (checked: about half of random values land one ulp below
-# round-to-nearest; fp_downcast_rounding="rtne" does not change that), while the GPU rounds to nearest. A
-# truncation errs by up to one ulp (2 u), so interpreted bf16 gets twice the bound; fp16 rounds to nearest in
-# both. test_wnm_rms_norm_rope_on_gpu.py checks the GPU's bf16 against the 2 u bound.
-ROUNDINGS_SIZE = {torch.bfloat16: 2.0, torch.float16: 1.0}
-
-
-# Triton's interpreter is chosen when Triton is first imported (its standard library, tl.sum included, is decorated
-# then), and other tests of a session may have imported Triton already. So the kernel runs in a child process with
-# TRITON_INTERPRET=1 from its start: it reads the inputs this module saved, calls the op, and saves the outputs.
+# The kernel runs in a child process under Triton's interpreter (tests/triton_checks.py says why).
 _CHILD = """
 import sys
 import torch
@@ -51,16 +38,7 @@ torch.save(out, sys.argv[2])
 
 
 def _interpreted(cases: dict, tmp_path) -> dict:
-    """Runs each case through the kernel under Triton's interpreter in a child process; returns the outputs."""
-    pytest.importorskip("triton", reason="Triton's interpreter runs the kernel on the CPU (the triton extra)")
-    inputs, outputs = tmp_path / "cases.pt", tmp_path / "outputs.pt"
-    torch.save(cases, inputs)
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    proc = subprocess.run(
-        [sys.executable, "-c", _CHILD, str(inputs), str(outputs)], env=env, capture_output=True, text=True, timeout=300
-    )
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return torch.load(outputs)
+    return run_interpreted(_CHILD, cases, tmp_path)
 
 
 def _tables(seq_len: int, head_dim: int, seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -116,7 +94,7 @@ def test_kernel_is_the_norm_then_the_rotation_within_two_roundings(tmp_path):
         assert out.shape == x.shape and out.dtype == dtype and out.is_contiguous(), name
         want, size = _exact(x, weight, angles, heads, eps)
         err = (out.double().unflatten(-1, (heads, -1)) - want).abs()
-        bound = 2 * ROUNDINGS_SIZE[dtype] * UNIT_ROUNDOFF[dtype] * size + 1e-6
+        bound = 2 * INTERPRETED_ROUNDINGS[dtype] * UNIT_ROUNDOFF[dtype] * size + 1e-6
         assert bool((err <= bound).all()), f"{name}: max excess {(err - bound).max().item():.3e}"
 
 

@@ -9,18 +9,14 @@ from __future__ import annotations
 
 import pytest
 import torch
-from wnm_inputs import cuda_bf16_dit_inputs
+from triton_checks import UNIT_ROUNDOFF
+from wnm_inputs import cuda_bf16_outputs_with_and_without
+from wnm_inputs import relative_difference as _rel
 
 from verl_omni.models.wnm import WNMConfig, WNMTransformer, rms_norm_rope
 from verl_omni.models.wnm.attention import _self_attention
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-
-UNIT_ROUNDOFF = {torch.bfloat16: 2.0**-8, torch.float16: 2.0**-11}
-
-
-def _rel(a, b):
-    return float((a.double() - b.double()).norm() / b.double().norm())
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
@@ -46,16 +42,10 @@ def test_kernel_is_within_two_roundings_of_the_exact_norm_and_rotation_at_wan_wi
 
 
 @pytest.mark.parametrize("compiled", [False, True])
-@torch.no_grad()
 def test_model_with_the_kernel_stays_near_the_model_without(compiled):
-    torch.manual_seed(0)
-    model = WNMTransformer(WNMConfig.from_size("tiny", num_layers=2)).cuda().to(torch.bfloat16).eval()
-    if compiled:
-        model.compile_blocks()
-    inputs = cuda_bf16_dit_inputs(model.config, b=3)
-    fused = model(*inputs)
-    model.norm_rope_kernel = False
-    plain = model(*inputs)
+    fused, plain = cuda_bf16_outputs_with_and_without(
+        lambda m: setattr(m, "norm_rope_kernel", False), compiled=compiled
+    )
     for f, p in zip(fused, plain, strict=True):
         assert torch.isfinite(f).all()
         assert _rel(f, p) < 2e-2  # bf16 rounding only
