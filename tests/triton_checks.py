@@ -23,12 +23,24 @@ UNIT_ROUNDOFF = {torch.bfloat16: 2.0**-8, torch.float16: 2.0**-11}
 INTERPRETED_ROUNDINGS = {torch.bfloat16: 2.0, torch.float16: 1.0}
 
 
-def run_interpreted(child: str, cases: dict, directory) -> dict:
-    """Runs the Python source ``child`` under Triton's interpreter in a child process; returns its outputs.
+# The child process: loads the cases, calls the test's ``run(case)`` on each without grad, saves the outputs.
+_CHILD = """
+import sys
+import torch
+{runner}
+cases = torch.load(sys.argv[1])
+with torch.no_grad():
+    out = {{name: run(case) for name, case in cases.items()}}
+torch.save(out, sys.argv[2])
+"""
+
+
+def run_interpreted(runner: str, cases: dict, directory) -> dict:
+    """Runs each case through a kernel under Triton's interpreter, in a child process; returns the outputs by name.
 
     Args:
-        child: Source that loads ``sys.argv[1]`` (the cases) and saves its outputs to ``sys.argv[2]``.
-        cases: What the child reads, saved with ``torch.save``.
+        runner: Python source (imports included) defining ``run(case) -> outputs`` for one case.
+        cases: ``{name: case}``, passed to the child with ``torch.save``.
         directory: Where the two files go (a pytest temporary directory).
     """
     pytest.importorskip("triton", reason="Triton's interpreter runs the kernel on the CPU (the triton extra)")
@@ -36,7 +48,11 @@ def run_interpreted(child: str, cases: dict, directory) -> dict:
     torch.save(cases, inputs)
     env = {**os.environ, "TRITON_INTERPRET": "1"}
     proc = subprocess.run(
-        [sys.executable, "-c", child, str(inputs), str(outputs)], env=env, capture_output=True, text=True, timeout=300
+        [sys.executable, "-c", _CHILD.format(runner=runner), str(inputs), str(outputs)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
     return torch.load(outputs)

@@ -19,20 +19,13 @@ import torch
 from triton_checks import INTERPRETED_ROUNDINGS, UNIT_ROUNDOFF, run_interpreted
 
 # The kernel runs in a child process under Triton's interpreter (tests/triton_checks.py says why).
-_CHILD = """
-import sys
-import torch
+_RUNNER = """
 from verl_omni.models.wnm import residual_norm
-cases = torch.load(sys.argv[1])
-out = {}
-with torch.no_grad():
-    for name, case in cases.items():
-        if case["kind"] == "op":
-            out[name] = residual_norm.residual_layer_norm(*case["args"])
-        else:
-            norm = torch.nn.LayerNorm(case["width"], eps=case["eps"], elementwise_affine=False)
-            out[name] = residual_norm.fused_residual_layer_norm(norm, *case["args"])
-torch.save(out, sys.argv[2])
+def run(case):
+    if case["kind"] == "op":
+        return residual_norm.residual_layer_norm(*case["args"])
+    norm = torch.nn.LayerNorm(case["width"], eps=case["eps"], elementwise_affine=False)
+    return residual_norm.fused_residual_layer_norm(norm, *case["args"])
 """
 
 
@@ -104,7 +97,7 @@ def interpreted(tmp_path_factory) -> dict:
     cases = {name: _built(name)[0] for name in CASES}
     x, _, _, _, _, scale, shift, *_ = MODULE_CASE[0]["args"]
     cases["module"] = {"kind": "module", "width": 32, "eps": 1e-6, "args": (x, None, None, [2, 4], scale, shift)}
-    return run_interpreted(_CHILD, cases, tmp_path_factory.mktemp("residual_norm"))
+    return run_interpreted(_RUNNER, cases, tmp_path_factory.mktemp("residual_norm"))
 
 
 @pytest.mark.parametrize("name", list(CASES))

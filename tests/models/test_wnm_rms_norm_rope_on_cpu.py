@@ -19,26 +19,19 @@ from triton_checks import INTERPRETED_ROUNDINGS, UNIT_ROUNDOFF, run_interpreted
 from verl_omni.models.wnm import rms_norm_rope
 
 # The kernel runs in a child process under Triton's interpreter (tests/triton_checks.py says why).
-_CHILD = """
-import sys
-import torch
+_RUNNER = """
 from verl_omni.models.wnm import rms_norm_rope
-cases = torch.load(sys.argv[1])
-out = {}
-with torch.no_grad():
-    for name, case in cases.items():
-        if case["kind"] == "op":
-            out[name] = rms_norm_rope.rms_norm_rope(*case["args"])
-        else:
-            norm = torch.nn.RMSNorm(case["weight"].shape[0], eps=case["eps"]).to(case["weight"].dtype)
-            norm.weight.copy_(case["weight"])
-            out[name] = rms_norm_rope.fused_rms_norm_rope(norm, case["x"], case["rope"], case["heads"])
-torch.save(out, sys.argv[2])
+def run(case):
+    if case["kind"] == "op":
+        return rms_norm_rope.rms_norm_rope(*case["args"])
+    norm = torch.nn.RMSNorm(case["weight"].shape[0], eps=case["eps"]).to(case["weight"].dtype)
+    norm.weight.copy_(case["weight"])
+    return rms_norm_rope.fused_rms_norm_rope(norm, case["x"], case["rope"], case["heads"])
 """
 
 
 def _interpreted(cases: dict, tmp_path) -> dict:
-    return run_interpreted(_CHILD, cases, tmp_path)
+    return run_interpreted(_RUNNER, cases, tmp_path)
 
 
 def _tables(seq_len: int, head_dim: int, seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

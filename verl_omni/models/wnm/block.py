@@ -228,7 +228,7 @@ def _add_and_norm(
     fused = (
         kernel
         and stream_dtype == x.dtype
-        and (branch is None or branch.dtype == x.dtype)
+        and (branch is None or (branch.dtype == x.dtype and branch.stride(-1) == 1))
         and residual_norm.applies(x, norm, lengths)
     )
     if fused:
