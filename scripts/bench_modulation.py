@@ -20,6 +20,8 @@ the anchor, at the dims of ``scripts/bench_stage3_gpu.py``:
 - add + norm by inductor: the block's three residual adds and the LayerNorms after them as inductor fuses them,
   instead of the Triton kernel of ``residual_norm.py`` (``WNMTransformer.residual_norm_kernel = False``), compiled;
   and session 38 (both off): both of the above, the compiled forward before session 39;
+- cross q/k norm by inductor: cross-attention's q/k RMS norms as inductor fuses them instead of the Triton kernel
+  (``attention.FUSED_CROSS_NORM = False``, the compiled forward of session 39);
 - stacked RoPE: the rotary embedding in its form before session 33 (:func:`stacked_rope`: the same arithmetic as a
   stacked result whose layout inductor picks), eager and compiled;
 - split/cat modulation: compiled blocks build the grouped modulation and gating by splitting and concatenating, as
@@ -208,6 +210,7 @@ def main(argv=None) -> int:
             norm_rope_kernel=True,
             defer=True,
             add_norm_kernel=True,
+            cross_norm_kernel=True,
         ):
             wnm_block.LOW_PRECISION_NORM, wnm_block.LOW_PRECISION_ADDCMUL = norm, fused
             saved_attention = model.attention_backend
@@ -218,6 +221,7 @@ def main(argv=None) -> int:
             wnm_block.COMPILED_GROUP_SELECT = group_select
             wnm_transformer.SKIP_UNREAD_OUTPUTS, wnm_transformer.COMPACT_CONTEXT = skip, compact
             wnm_transformer.DEFER_FFN_RESIDUAL = defer
+            wnm_attention.FUSED_CROSS_NORM = cross_norm_kernel
             model.residual_norm_kernel = add_norm_kernel
             model.gelu_epilogue = gelu_epilogue
             # A replaced RoPE form only runs where the q/k norm + RoPE kernel does not.
@@ -228,6 +232,7 @@ def main(argv=None) -> int:
                 wnm_block.LOW_PRECISION_NORM, wnm_block.LOW_PRECISION_ADDCMUL = True, True
                 wnm_transformer.SKIP_UNREAD_OUTPUTS, wnm_transformer.COMPACT_CONTEXT = True, True
                 wnm_transformer.DEFER_FFN_RESIDUAL = True
+                wnm_attention.FUSED_CROSS_NORM = True
                 model.residual_norm_kernel = True
                 model.gelu_epilogue = True
                 model.norm_rope_kernel = True
@@ -305,6 +310,9 @@ def main(argv=None) -> int:
                 "WNM compiled, session 38 (both off)": lambda f=run_ours: f(
                     True, True, True, ours_compiled, defer=False, add_norm_kernel=False
                 ),
+                "WNM compiled, cross q/k norm by inductor": lambda f=run_ours: f(
+                    True, True, True, ours_compiled, cross_norm_kernel=False
+                ),
                 "diffusers compiled": lambda f=run_anchor: f(anchor_compiled),
             })  # fmt: skip
             if ours_multi is not None:
@@ -334,6 +342,9 @@ def main(argv=None) -> int:
                 )
                 entries["WNM compiled, FA4, session 38 (both off)"] = lambda f=run_ours: f(
                     True, True, True, ours_compiled, attention="fa4", defer=False, add_norm_kernel=False
+                )
+                entries["WNM compiled, FA4, cross q/k norm by inductor"] = lambda f=run_ours: f(
+                    True, True, True, ours_compiled, attention="fa4", cross_norm_kernel=False
                 )
                 if ours_multi is not None:
                     entries["WNM compiled, FA4, multi-kernel reductions"] = lambda f=run_ours: f(

@@ -123,6 +123,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--iters", type=int, default=5)
     p.add_argument("--out", type=Path, help="also write the whole report to this text file (must not exist)")
+    p.add_argument(
+        "--profile-train",
+        type=int,
+        default=0,
+        metavar="TOP",
+        help="(c): profile one more step of each variant and print its kernel table with TOP kernels (0 = off)",
+    )
     p.add_argument("--json", type=Path, help="write the measurements as JSON (must not exist)")
     args = p.parse_args(argv)
     for path in (args.out, args.json):
@@ -745,7 +752,9 @@ def train_variants(args) -> list[TrainVariant]:
     return out
 
 
-def train_variant(cfg, device, dtype, mesh, group, peak: float, attention: str, variant: TrainVariant, mb: int) -> dict:
+def train_variant(
+    cfg, device, dtype, mesh, group, peak: float, attention: str, variant: TrainVariant, mb: int, profile_top: int = 0
+) -> dict:
     """Builds, shards (and compiles) a fresh model and measures one variant of (c); see :func:`bench_train`.
 
     Everything it allocates is local, so an exception (an OOM) frees it all once the caller drops the exception.
@@ -753,9 +762,11 @@ def train_variant(cfg, device, dtype, mesh, group, peak: float, attention: str, 
     Args:
         variant: Compile, checkpointing and memory-budget settings.
         mb: Transitions per forward/backward, and the rollout's rows per DiT call.
+        profile_top: If > 0, after the timed steps, profile one more step and print its kernel table (this many
+            top kernels) and how much of the step the GPU was busy (``profile_dit.profile_step``).
     """
     if variant.memory_budget is None:
-        return _train_variant(cfg, device, dtype, mesh, group, peak, attention, variant, mb)
+        return _train_variant(cfg, device, dtype, mesh, group, peak, attention, variant, mb, profile_top)
     from verl_omni.models.wnm.compilation import set_activation_memory_budget
 
     # The budget is read when inductor partitions the joint graph, i.e. at the first backward: recompile under it,
@@ -763,14 +774,14 @@ def train_variant(cfg, device, dtype, mesh, group, peak: float, attention: str, 
     torch._dynamo.reset()
     old = set_activation_memory_budget(variant.memory_budget)
     try:
-        return _train_variant(cfg, device, dtype, mesh, group, peak, attention, variant, mb)
+        return _train_variant(cfg, device, dtype, mesh, group, peak, attention, variant, mb, profile_top)
     finally:
         set_activation_memory_budget(old)
         torch._dynamo.reset()
 
 
 def _train_variant(
-    cfg, device, dtype, mesh, group, peak: float, attention: str, variant: TrainVariant, mb: int
+    cfg, device, dtype, mesh, group, peak: float, attention: str, variant: TrainVariant, mb: int, profile_top: int = 0
 ) -> dict:
     """:func:`train_variant` once the variant's compile settings are in place."""
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
@@ -819,6 +830,11 @@ def _train_variant(
     t_first, m_first = timed_once(functools.partial(actor.update_policy, [mini]), device)
     times = [timed_once(functools.partial(actor.update_policy, [mini]), device)[0] for _ in range(2)]
     t = sorted(times)[len(times) // 2]
+    if profile_top and device.type == "cuda":
+        from profile_dit import profile_step
+
+        step = functools.partial(actor.update_policy, [mini])
+        print(profile_step(step, f"training step, {variant.name}, micro-batch {mb}", profile_top), flush=True)
     fl = 3 * forward_flops(
         block_params(model.blocks), n * w, seq, attended_tokens(ctx32), cfg.dim, cfg.num_layers, unread_tokens(cfg)
     )
@@ -868,7 +884,9 @@ def bench_train(cfg, args, device, dtype, group, peak: float, attention: str = "
             label = f"{name:<22} ckpt {n_ckpt:>2}/{layers}"
             reset_peak(device)
             try:
-                row = base | train_variant(cfg, device, dtype, mesh, group, peak, attention, variant, mb)
+                row = base | train_variant(
+                    cfg, device, dtype, mesh, group, peak, attention, variant, mb, args.profile_train
+                )
             except Exception as e:  # report and go on to the next variant
                 error = "OOM" if is_oom(e) else f"FAILED: {type(e).__name__}"
                 row = {**base, "error": error, "message": str(e)[:300], "peak_gib": peak_gib(device)}

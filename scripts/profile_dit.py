@@ -65,6 +65,51 @@ def profile(fn, iters: int, warmup: int = 3) -> list[tuple[str, float, int]]:
     return sorted(rows, key=lambda r: -r[1])
 
 
+def busy_ms(intervals: list[tuple[float, float]]) -> float:
+    """Length (ms) of the union of ``[start, end)`` intervals in microseconds: time with at least one kernel
+    running, so that kernels overlapping on two streams are not counted twice."""
+    total, end = 0.0, float("-inf")
+    for lo, hi in sorted(intervals):
+        if hi <= end:
+            continue
+        total += hi - max(lo, end)
+        end = hi
+    return total / 1e3
+
+
+def profile_step(fn, label: str, top: int) -> str:
+    """Kernel table of one call of ``fn`` (e.g. a training step), plus how much of its wall time the GPU was busy.
+
+    The table groups kernels as :func:`report` does; the busy line compares the call's wall time with the union of
+    its kernels' intervals, which tells kernel time from launch gaps, host work and synchronisation.
+    """
+    import time
+
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    torch.cuda.synchronize()
+    with torch_profile(activities=[ProfilerActivity.CUDA]) as prof:
+        t0 = time.perf_counter()
+        fn()
+        torch.cuda.synchronize()
+        wall_ms = (time.perf_counter() - t0) * 1e3
+    rows, intervals = [], []
+    for ev in prof.key_averages():
+        total_us = getattr(ev, "device_time_total", None)
+        if total_us is None:
+            total_us = ev.cuda_time_total
+        if total_us > 0 and not ev.key.startswith("ProfilerStep"):
+            rows.append((ev.key, total_us / 1e3, ev.count))
+    for ev in prof.events():
+        if ev.device_type == torch.autograd.DeviceType.CUDA and ev.time_range.end > ev.time_range.start:
+            intervals.append((ev.time_range.start, ev.time_range.end))
+    busy = busy_ms(intervals)
+    idle = wall_ms - busy
+    head = f"{label}: wall {wall_ms:.1f} ms, GPU busy {busy:.1f} ms ({busy / wall_ms:.1%}), idle {idle:.1f} ms"
+    return head + "\n" + report(label, sorted(rows, key=lambda r: -r[1]), top)
+
+
 def report(name: str, rows: list[tuple[str, float, int]], top: int) -> str:
     total = sum(r[1] for r in rows)
     by_kind: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])

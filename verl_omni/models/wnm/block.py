@@ -406,7 +406,7 @@ class WNMTransformerBlock(WanTransformerBlock):
 
         # 2. Cross-attention to the context; the mask broadcasts over heads and queries.
         mask = None if encoder_attention_mask is None else encoder_attention_mask[:, None, None, :]
-        cross_output = _cross_attention(self.attn2, normed, encoder_hidden_states, mask, backend)
+        cross_output = _cross_attention(self.attn2, normed, encoder_hidden_states, mask, backend, self.norm_rope_kernel)
         hidden_states, normed = _add_and_norm(
             self.norm3, hidden_states, cross_output, None, kept_lengths, (c_scale_msa, c_shift_msa), dtype, kernel
         )
