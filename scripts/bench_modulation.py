@@ -20,10 +20,6 @@ the anchor, at the dims of ``scripts/bench_stage3_gpu.py``:
 - add + norm by inductor: the block's three residual adds and the LayerNorms after them as inductor fuses them,
   instead of the Triton kernel of ``residual_norm.py`` (``WNMTransformer.residual_norm_kernel = False``), compiled;
   and session 38 (both off): both of the above, the compiled forward before session 39;
-- QuACK GELU GEMM (``--quack``): the feed-forward's first product with bias and GELU by QuACK's GEMM
-  (``block.FFN_EPILOGUE_GEMM = "quack"``, ``quack_gemm.py``) instead of cuBLASLt's epilogue, compiled;
-- cross q/k norm by inductor: cross-attention's q/k RMS norms as inductor fuses them instead of the Triton kernel
-  (``attention.FUSED_CROSS_NORM = False``, the compiled forward of session 39);
 - stacked RoPE: the rotary embedding in its form before session 33 (:func:`stacked_rope`: the same arithmetic as a
   stacked result whose layout inductor picks), eager and compiled;
 - split/cat modulation: compiled blocks build the grouped modulation and gating by splitting and concatenating, as
@@ -99,12 +95,6 @@ def main(argv=None) -> int:
         default=None,
         help="with --compiled, also time both models compiled in this torch.compile mode (e.g. "
         "max-autotune-no-cudagraphs, whose Triton GEMM templates can take the GELU and bias as epilogues)",
-    )
-    p.add_argument(
-        "--quack",
-        action="store_true",
-        help="with --compiled, also time our model with the feed-forward's GELU GEMM by QuACK "
-        "(block.FFN_EPILOGUE_GEMM = 'quack'; the quack-kernels package)",
     )
     p.add_argument(
         "--multi-kernel",
@@ -218,8 +208,6 @@ def main(argv=None) -> int:
             norm_rope_kernel=True,
             defer=True,
             add_norm_kernel=True,
-            cross_norm_kernel=True,
-            ffn_gemm="cublaslt",
         ):
             wnm_block.LOW_PRECISION_NORM, wnm_block.LOW_PRECISION_ADDCMUL = norm, fused
             saved_attention = model.attention_backend
@@ -230,8 +218,6 @@ def main(argv=None) -> int:
             wnm_block.COMPILED_GROUP_SELECT = group_select
             wnm_transformer.SKIP_UNREAD_OUTPUTS, wnm_transformer.COMPACT_CONTEXT = skip, compact
             wnm_transformer.DEFER_FFN_RESIDUAL = defer
-            wnm_attention.FUSED_CROSS_NORM = cross_norm_kernel
-            wnm_block.FFN_EPILOGUE_GEMM = ffn_gemm
             model.residual_norm_kernel = add_norm_kernel
             model.gelu_epilogue = gelu_epilogue
             # A replaced RoPE form only runs where the q/k norm + RoPE kernel does not.
@@ -242,8 +228,6 @@ def main(argv=None) -> int:
                 wnm_block.LOW_PRECISION_NORM, wnm_block.LOW_PRECISION_ADDCMUL = True, True
                 wnm_transformer.SKIP_UNREAD_OUTPUTS, wnm_transformer.COMPACT_CONTEXT = True, True
                 wnm_transformer.DEFER_FFN_RESIDUAL = True
-                wnm_attention.FUSED_CROSS_NORM = True
-                wnm_block.FFN_EPILOGUE_GEMM = "cublaslt"
                 model.residual_norm_kernel = True
                 model.gelu_epilogue = True
                 model.norm_rope_kernel = True
@@ -281,11 +265,6 @@ def main(argv=None) -> int:
                 ):
                     v = run_ours(True, True, True, ours_compiled, **kwargs)[0].float()
                     diffs[f"compiled: {label} vs session 38's compiled"] = float((v - v_s38).norm() / v_s38.norm())
-        if args.compiled and args.quack:
-            with torch.no_grad():
-                v_c = run_ours(True, True, True, ours_compiled)[0].float()
-                v_q = run_ours(True, True, True, ours_compiled, ffn_gemm="quack")[0].float()
-            diffs["compiled: QuACK GELU GEMM vs cuBLASLt's epilogue"] = float((v_q - v_c).norm() / v_c.norm())
         entries = {
             "WNM eager, bf16 norms + addcmul (now)": lambda f=run_ours: f(True, True),
             "WNM eager, separate GELU kernel": lambda f=run_ours: f(True, True, gelu_epilogue=False),
@@ -326,15 +305,8 @@ def main(argv=None) -> int:
                 "WNM compiled, session 38 (both off)": lambda f=run_ours: f(
                     True, True, True, ours_compiled, defer=False, add_norm_kernel=False
                 ),
-                "WNM compiled, cross q/k norm by inductor": lambda f=run_ours: f(
-                    True, True, True, ours_compiled, cross_norm_kernel=False
-                ),
                 "diffusers compiled": lambda f=run_anchor: f(anchor_compiled),
             })  # fmt: skip
-            if args.quack:
-                entries["WNM compiled, QuACK GELU GEMM"] = lambda f=run_ours: f(
-                    True, True, True, ours_compiled, ffn_gemm="quack"
-                )
             if ours_multi is not None:
                 entries["WNM compiled, multi-kernel reductions"] = lambda f=run_ours: f(True, True, True, ours_multi)
         if ours_moded is not None:
@@ -363,13 +335,6 @@ def main(argv=None) -> int:
                 entries["WNM compiled, FA4, session 38 (both off)"] = lambda f=run_ours: f(
                     True, True, True, ours_compiled, attention="fa4", defer=False, add_norm_kernel=False
                 )
-                entries["WNM compiled, FA4, cross q/k norm by inductor"] = lambda f=run_ours: f(
-                    True, True, True, ours_compiled, attention="fa4", cross_norm_kernel=False
-                )
-                if args.quack:
-                    entries["WNM compiled, FA4, QuACK GELU GEMM"] = lambda f=run_ours: f(
-                        True, True, True, ours_compiled, attention="fa4", ffn_gemm="quack"
-                    )
                 if ours_multi is not None:
                     entries["WNM compiled, FA4, multi-kernel reductions"] = lambda f=run_ours: f(
                         True, True, True, ours_multi, attention="fa4"

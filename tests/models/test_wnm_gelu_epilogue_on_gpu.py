@@ -38,26 +38,6 @@ def test_gelu_epilogue_is_the_tanh_gelu_of_the_product_in_bf16():
 
 
 @torch.no_grad()
-def test_quack_gemm_is_the_tanh_gelu_of_the_product_in_bf16(monkeypatch):
-    from verl_omni.models.wnm.quack_gemm import quack_available
-
-    if not quack_available():
-        pytest.skip("quack-kernels is not installed")
-    torch.manual_seed(0)
-    ffn = FeedForward(256, inner_dim=1024, activation_fn="gelu-approximate").cuda().to(torch.bfloat16)
-    x = torch.randn(3, 50, 256, device="cuda", dtype=torch.bfloat16)
-    proj, out = ffn.net[0].proj, ffn.net[2]
-    hidden = _gelu_tanh(x.double() @ proj.weight.double().t() + proj.bias.double())
-    want = hidden.to(torch.bfloat16).double() @ out.weight.double().t() + out.bias.double()
-    cublaslt = wnm_block._feed_forward(ffn, x)
-    monkeypatch.setattr(wnm_block, "FFN_EPILOGUE_GEMM", "quack")
-    got = wnm_block._feed_forward(ffn, x)
-    assert got.dtype == torch.bfloat16 and got.shape == (3, 50, 256)
-    assert _rel(got, want) < 1e-2
-    assert _rel(got, cublaslt) < 1e-2
-
-
-@torch.no_grad()
 def test_fp32_on_cuda_keeps_the_module_bit_for_bit():
     torch.manual_seed(0)
     ffn = FeedForward(256, inner_dim=1024, activation_fn="gelu-approximate").cuda()

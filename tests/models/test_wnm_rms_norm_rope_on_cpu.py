@@ -24,12 +24,6 @@ from verl_omni.models.wnm import rms_norm_rope
 def run(case):
     if case["kind"] == "op":
         return rms_norm_rope.rms_norm_rope(*case["args"])
-    if case["kind"] == "rows":
-        return rms_norm_rope.rms_norm_rows(*case["args"])
-    if case["kind"] == "norm":
-        norm = torch.nn.RMSNorm(case["weight"].shape[0], eps=case["eps"]).to(case["weight"].dtype)
-        norm.weight.copy_(case["weight"])
-        return rms_norm_rope.fused_rms_norm(norm, case["x"])
     norm = torch.nn.RMSNorm(case["weight"].shape[0], eps=case["eps"]).to(case["weight"].dtype)
     norm.weight.copy_(case["weight"])
     return rms_norm_rope.fused_rms_norm_rope(norm, case["x"], case["rope"], case["heads"])
@@ -116,61 +110,6 @@ def test_fused_rms_norm_rope_matches_the_blocks_composite_path(tmp_path):
     assert got.shape == composite.shape == (b, s, heads, head_dim)
     _, size = _exact(x, norm.weight.detach(), angles, heads, 1e-6)
     assert bool(((got.double() - composite.double()).abs() <= 4 * UNIT_ROUNDOFF[torch.float16] * size).all())
-
-
-def test_rows_kernel_is_the_norm_within_one_rounding(tmp_path):
-    # Without the rotation the kernel stores the norm's output: exact value rounded once (u |normed|), plus the
-    # interpreter's own rounding of the fp32 arithmetic (triton_checks.INTERPRETED_ROUNDINGS).
-    cases, expected = {}, {}
-    for dtype in (torch.bfloat16, torch.float16):
-        for width in (24, 30, 64):  # 30: 15 pairs, padded lanes
-            torch.manual_seed(width)
-            x = (torch.randn(2, 5, width) * 3.0).to(dtype)
-            weight = (torch.rand(width) + 0.5).to(dtype)
-            cases[f"{dtype}-{width}"] = {"kind": "rows", "args": (x, weight, 1e-6)}
-            expected[f"{dtype}-{width}"] = (x, weight, 1e-6, dtype)
-    # A slice of a wider buffer (row and batch strides) with an fp32 weight, as under autocast.
-    torch.manual_seed(7)
-    x = torch.randn(3, 8, 21).bfloat16()[:, 1:, :16]
-    assert not x.is_contiguous()
-    weight = (torch.rand(16) + 0.5).float()
-    cases["strided"] = {"kind": "rows", "args": (x, weight, 1e-5)}
-    expected["strided"] = (x, weight, 1e-5, torch.bfloat16)
-
-    got = _interpreted(cases, tmp_path)
-    for name, (x, weight, eps, dtype) in expected.items():
-        out = got[name]
-        assert out.shape == x.shape and out.dtype == dtype and out.is_contiguous(), name
-        xd = x.double()
-        want = xd * torch.rsqrt(xd.pow(2).mean(-1, keepdim=True) + eps) * weight.double()
-        bound = INTERPRETED_ROUNDINGS[dtype] * UNIT_ROUNDOFF[dtype] * want.abs() + 1e-6
-        err = (out.double() - want).abs()
-        assert bool((err <= bound).all()), f"{name}: max excess {(err - bound).max().item():.3e}"
-
-
-def test_fused_rms_norm_matches_cross_attentions_composite_norm(tmp_path):
-    # Against the block's eager q/k norm (_qk_norm) in fp16: each within one rounding of the exact value.
-    from verl_omni.models.wnm.attention import _qk_norm
-
-    torch.manual_seed(8)
-    norm = torch.nn.RMSNorm(24, eps=1e-6).half()
-    with torch.no_grad():
-        norm.weight.copy_(torch.rand(24) + 0.5)
-    x = torch.randn(2, 6, 24).half()
-    case = {"kind": "norm", "weight": norm.weight.detach(), "eps": 1e-6, "x": x}
-    got = _interpreted({"k": case}, tmp_path)["k"]
-    with torch.no_grad():
-        composite = _qk_norm(norm, x)
-    assert got.shape == composite.shape == (2, 6, 24)
-    bound = 2 * INTERPRETED_ROUNDINGS[torch.float16] * UNIT_ROUNDOFF[torch.float16] * composite.double().abs()
-    assert bool(((got.double() - composite.double()).abs() <= bound + 1e-6).all())
-
-
-def test_fused_rms_norm_names_what_does_not_fit():
-    with pytest.raises(ValueError, match="width 23 must be even"):
-        rms_norm_rope.fused_rms_norm(torch.nn.RMSNorm(23), torch.ones(1, 5, 23))
-    with pytest.raises(ValueError, match="norm width 24 does not match the projection's 32"):
-        rms_norm_rope.fused_rms_norm(torch.nn.RMSNorm(24), torch.ones(1, 5, 32))
 
 
 def test_fused_rms_norm_rope_names_what_does_not_fit():

@@ -14,7 +14,7 @@ from wnm_inputs import cuda_bf16_outputs_with_and_without
 from wnm_inputs import relative_difference as _rel
 
 from verl_omni.models.wnm import WNMConfig, WNMTransformer, rms_norm_rope
-from verl_omni.models.wnm.attention import _cross_attention, _self_attention
+from verl_omni.models.wnm.attention import _self_attention
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
@@ -39,21 +39,6 @@ def test_kernel_is_within_two_roundings_of_the_exact_norm_and_rotation_at_wan_wi
     size = (even.abs() + odd.abs()).repeat_interleave(2, -1)
     err = (got.double().unflatten(-1, (heads, head_dim)) - want).abs()
     assert bool((err <= 2 * UNIT_ROUNDOFF[dtype] * size + 1e-6).all()), float((err / size).max())
-
-
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-@torch.no_grad()
-def test_rows_kernel_is_within_one_rounding_of_the_exact_norm_at_wan_width(dtype):
-    # Cross-attention's q/k norm at Wan-1.3B's width (1536: 768 pairs in 1024 lanes), a strided projection slice.
-    torch.manual_seed(1)
-    x = (torch.randn(2, 97, 1600, device="cuda") * 4).to(dtype)[:, 1:, :1536]
-    weight = torch.rand(1536, device="cuda") + 0.5  # fp32 weight under low-precision activations
-    got = rms_norm_rope.rms_norm_rows(x, weight, 1e-6)
-    xd = x.double()
-    want = xd * torch.rsqrt(xd.pow(2).mean(-1, keepdim=True) + 1e-6) * weight.double()
-    err = (got.double() - want).abs()
-    assert got.is_contiguous() and got.shape == x.shape
-    assert bool((err <= UNIT_ROUNDOFF[dtype] * want.abs() + 1e-6).all()), float((err / want.abs()).max())
 
 
 @pytest.mark.parametrize("compiled", [False, True])
@@ -81,24 +66,5 @@ def test_self_attention_uses_the_kernel_only_without_grad(monkeypatch):
         _self_attention(block.attn1, x, rope, None, "default", 0, True)
     assert len(calls) == 2  # q and k
     out, _ = _self_attention(block.attn1, x.requires_grad_(), rope, None, "default", 0, True)
-    out.float().square().mean().backward()  # the composite form, differentiable
-    assert len(calls) == 2 and x.grad is not None and torch.isfinite(x.grad).all()
-
-
-def test_cross_attention_uses_the_kernel_only_without_grad(monkeypatch):
-    torch.manual_seed(0)
-    model = WNMTransformer(WNMConfig.from_size("tiny", num_layers=1)).cuda().to(torch.bfloat16)
-    calls = []
-    real = rms_norm_rope.fused_rms_norm
-    monkeypatch.setattr(rms_norm_rope, "fused_rms_norm", lambda *a: calls.append(1) or real(*a))
-    attn = model.blocks[0].attn2
-    x = torch.randn(2, 10, model.config.dim, device="cuda", dtype=torch.bfloat16)
-    ctx = torch.randn(2, 7, model.config.dim, device="cuda", dtype=torch.bfloat16)
-    with torch.no_grad():
-        fused = _cross_attention(attn, x, ctx, None, "default", True)
-        plain = _cross_attention(attn, x, ctx, None, "default", False)
-    assert len(calls) == 2  # q and k
-    assert _rel(fused, plain) < 2e-2
-    out = _cross_attention(attn, x.requires_grad_(), ctx, None, "default", True)
     out.float().square().mean().backward()  # the composite form, differentiable
     assert len(calls) == 2 and x.grad is not None and torch.isfinite(x.grad).all()

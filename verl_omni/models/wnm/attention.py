@@ -53,10 +53,6 @@ def _qk_norm(norm: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
     return norm(x.to(weight.dtype)).to(x.dtype)
 
 
-# Whether cross-attention's q/k norms take the Triton kernel where the block's norm_rope_kernel switch allows it.
-# A module constant (compiled code guards it) for the benchmark's A/B only; the product leaves it on.
-FUSED_CROSS_NORM = True
-
 # Scaled-dot-product attention backends. "default": PyTorch's own choice, which is what diffusers' native dispatch
 # gets; with torch 2.11 on an H100 that is already cuDNN's fused kernel for our unmasked bf16 calls (1.6-1.7x
 # flash attention 2's forward at the Wan-1.3B shapes; scripts/bench_attention.py). "cudnn": forces cuDNN's kernel
@@ -131,30 +127,10 @@ def _self_attention(
     return attn.to_out[1](attn.to_out[0](out)), (k, v)
 
 
-def _cross_attention(
-    attn,
-    x: torch.Tensor,
-    context: torch.Tensor,
-    mask: torch.Tensor | None,
-    backend: str,
-    fused_norm: bool = False,
-):
+def _cross_attention(attn, x: torch.Tensor, context: torch.Tensor, mask: torch.Tensor | None, backend: str):
     """Wan cross-attention (``WanAttnProcessor`` without the I2V image branch): ``x [B, S, D]`` over
-    ``context [B, L, D]`` with ``mask [B, 1, 1, L]`` or None -> ``[B, S, D]``.
-
-    ``fused_norm``: where it applies (``rms_norm_rope.applies``), q's and k's RMS norms run as one Triton kernel
-    each (``rms_norm_rope.fused_rms_norm``), equal to the composite form to bf16 rounding.
-    """
-    q, k = attn.to_q(x), attn.to_k(context)
-    if (
-        fused_norm
-        and FUSED_CROSS_NORM
-        and rms_norm_rope.applies(q, attn.norm_q.weight)
-        and rms_norm_rope.applies(k, attn.norm_k.weight)
-    ):
-        q, k = rms_norm_rope.fused_rms_norm(attn.norm_q, q), rms_norm_rope.fused_rms_norm(attn.norm_k, k)
-    else:
-        q, k = _qk_norm(attn.norm_q, q), _qk_norm(attn.norm_k, k)
-    q, k = q.unflatten(2, (attn.heads, -1)), k.unflatten(2, (attn.heads, -1))
+    ``context [B, L, D]`` with ``mask [B, 1, 1, L]`` or None -> ``[B, S, D]``."""
+    q = _qk_norm(attn.norm_q, attn.to_q(x)).unflatten(2, (attn.heads, -1))
+    k = _qk_norm(attn.norm_k, attn.to_k(context)).unflatten(2, (attn.heads, -1))
     v = attn.to_v(context).unflatten(2, (attn.heads, -1))
     return attn.to_out[1](attn.to_out[0](_attention(q, k, v, mask, backend)))

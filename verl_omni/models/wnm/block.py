@@ -167,11 +167,6 @@ def _gate(
     return out
 
 
-# The GEMM that computes the feed-forward's first product with its epilogue in inference: "cublaslt"
-# (torch._addmm_activation) or "quack" (quack_gemm.py, optional package). A module constant for the benchmark's A/B.
-FFN_EPILOGUE_GEMM = "cublaslt"
-
-
 def _feed_forward(ffn: torch.nn.Module, x: torch.Tensor, epilogue: bool = True) -> torch.Tensor:
     """``ffn(x)``: diffusers' ``FeedForward`` (tanh GELU) of ``x [B, S, D]``, with the GELU in the GEMM on CUDA.
 
@@ -205,12 +200,7 @@ def _feed_forward(ffn: torch.nn.Module, x: torch.Tensor, epilogue: bool = True) 
     )
     if not fused:
         return ffn(x)
-    if FFN_EPILOGUE_GEMM == "quack":
-        from .quack_gemm import gelu_linear
-
-        hidden = gelu_linear(x.flatten(0, -2), proj.weight, proj.bias)
-    else:
-        hidden = torch._addmm_activation(proj.bias, x.flatten(0, -2), proj.weight.t(), use_gelu=True)
+    hidden = torch._addmm_activation(proj.bias, x.flatten(0, -2), proj.weight.t(), use_gelu=True)
     hidden = hidden.unflatten(0, x.shape[:-1])
     for layer in ffn.net[1:]:  # dropout (identity at inference), the output projection
         hidden = layer(hidden)
@@ -416,7 +406,7 @@ class WNMTransformerBlock(WanTransformerBlock):
 
         # 2. Cross-attention to the context; the mask broadcasts over heads and queries.
         mask = None if encoder_attention_mask is None else encoder_attention_mask[:, None, None, :]
-        cross_output = _cross_attention(self.attn2, normed, encoder_hidden_states, mask, backend, self.norm_rope_kernel)
+        cross_output = _cross_attention(self.attn2, normed, encoder_hidden_states, mask, backend)
         hidden_states, normed = _add_and_norm(
             self.norm3, hidden_states, cross_output, None, kept_lengths, (c_scale_msa, c_shift_msa), dtype, kernel
         )

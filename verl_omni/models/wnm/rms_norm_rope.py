@@ -1,5 +1,4 @@
-"""The self-attention's q/k RMS norm and Wan's RoPE as one Triton kernel (CUDA, bf16/fp16 inference); the same
-kernel without the rotation for cross-attention's q/k norms.
+"""The self-attention's q/k RMS norm and Wan's RoPE as one Triton kernel (CUDA, bf16/fp16 inference).
 
 Why hand-written: compiled, inductor already fuses ``RMSNorm`` (across all heads) and the interleaved-pair
 rotation into one kernel per block, in our model and in diffusers' alike, but that kernel moves q and k at about a
@@ -77,10 +76,8 @@ def _kernel():
         PAIRS: tl.constexpr,
         PAIRS_BLOCK: tl.constexpr,
         HALF_HEAD: tl.constexpr,
-        ROTATE: tl.constexpr,
     ):
         # One program per token: its PAIRS = heads * head_dim / 2 interleaved (even, odd) pairs as [PAIRS_BLOCK, 2].
-        # ROTATE False (cross-attention's q and k, which have no RoPE) stores the norm's output itself.
         row = tl.program_id(0)
         b = row // seq_len
         s = row % seq_len
@@ -92,17 +89,14 @@ def _kernel():
         mean_square = tl.sum(tl.sum(x * x, axis=1), axis=0) / (PAIRS * 2)
         weight = tl.load(weight_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
         # The norm's output in the activation dtype, as RMSNorm returns it before the rotation reads it.
-        normed = (x * tl.rsqrt(mean_square + eps) * weight).to(out_ptr.dtype.element_ty)
-        if ROTATE:
-            even, odd = tl.split(normed.to(tl.float32))
-            # Wan's tables repeat each pair's angle: the pair's cosine at its even index, its sine at its odd one.
-            freq = pair % HALF_HEAD
-            cos = tl.load(cos_ptr + s * cos_stride_s + (2 * freq) * cos_stride_d, mask=in_row, other=0.0)
-            sin = tl.load(sin_ptr + s * sin_stride_s + (2 * freq + 1) * sin_stride_d, mask=in_row, other=0.0)
-            rotated = tl.join(even * cos - odd * sin, even * sin + odd * cos)
-            tl.store(out_ptr + row * (PAIRS * 2) + offsets, rotated.to(out_ptr.dtype.element_ty), mask=mask)
-        else:
-            tl.store(out_ptr + row * (PAIRS * 2) + offsets, normed, mask=mask)
+        normed = (x * tl.rsqrt(mean_square + eps) * weight).to(out_ptr.dtype.element_ty).to(tl.float32)
+        even, odd = tl.split(normed)
+        # Wan's tables repeat each pair's angle: the pair's cosine at its even index, its sine at its odd one.
+        freq = pair % HALF_HEAD
+        cos = tl.load(cos_ptr + s * cos_stride_s + (2 * freq) * cos_stride_d, mask=in_row, other=0.0)
+        sin = tl.load(sin_ptr + s * sin_stride_s + (2 * freq + 1) * sin_stride_d, mask=in_row, other=0.0)
+        rotated = tl.join(even * cos - odd * sin, even * sin + odd * cos)
+        tl.store(out_ptr + row * (PAIRS * 2) + offsets, rotated.to(out_ptr.dtype.element_ty), mask=mask)
 
     return rms_norm_rope_kernel
 
@@ -144,46 +138,6 @@ def rms_norm_rope(
         PAIRS=pairs,
         PAIRS_BLOCK=max(16, 1 << (pairs - 1).bit_length()),
         HALF_HEAD=head_dim // 2,
-        ROTATE=True,
-        num_warps=4,
-    )
-    return out
-
-
-@torch.library.triton_op("wnm::rms_norm_rows", mutates_args=())
-def rms_norm_rows(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """``rms_norm(x) * weight`` over the last dimension of a projection output (cross-attention's q and k).
-
-    Args:
-        x: ``[B, S, D]`` bf16/fp16, ``D`` even, dense last dimension (any batch/sequence strides).
-        weight: ``[D]`` the norm's weight (any float dtype).
-        eps: The norm's epsilon.
-
-    Returns:
-        ``[B, S, D]`` contiguous, ``x``'s dtype.
-    """
-    batch, seq_len, width = x.shape
-    out = torch.empty((batch, seq_len, width), dtype=x.dtype, device=x.device)
-    pairs = width // 2
-    # The rotation's table arguments are unused without ROTATE; ``x`` stands in for them.
-    torch.library.wrap_triton(_kernel())[(batch * seq_len,)](
-        x,
-        weight,
-        x,
-        x,
-        out,
-        seq_len,
-        x.stride(0),
-        x.stride(1),
-        0,
-        0,
-        0,
-        0,
-        eps,
-        PAIRS=pairs,
-        PAIRS_BLOCK=max(16, 1 << (pairs - 1).bit_length()),
-        HALF_HEAD=1,
-        ROTATE=False,
         num_warps=4,
     )
     return out
@@ -212,23 +166,3 @@ def fused_rms_norm_rope(
         raise ValueError(f"rotary tables {tuple(cos.shape)} do not match {x.shape[1]} tokens of {width // heads}")
     eps = norm.eps if norm.eps is not None else torch.finfo(x.dtype).eps
     return rms_norm_rope(x, norm.weight, cos, sin, width // heads, float(eps)).unflatten(2, (heads, -1))
-
-
-def fused_rms_norm(norm: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
-    """Cross-attention's q or k norm of its projection ``x [B, S, D]`` -> ``[B, S, D]``, fused.
-
-    Equal (to bf16 rounding) to ``_qk_norm(norm, x)``: one read and one write of ``x``, where inductor's looped
-    reduction reads each row twice (H100 profile, session 39: the cross-attention q norm took 5.0 ms of a 451 ms
-    Wan-1.3B batch-16 forward).
-
-    Args:
-        norm: The block's ``RMSNorm`` over the full width.
-        x: Projection output; :func:`applies` must hold.
-    """
-    width = x.shape[-1]
-    if width % 2:
-        raise ValueError(f"width {width} must be even")
-    if width != norm.weight.shape[-1]:
-        raise ValueError(f"norm width {norm.weight.shape[-1]} does not match the projection's {width}")
-    eps = norm.eps if norm.eps is not None else torch.finfo(x.dtype).eps
-    return rms_norm_rows(x, norm.weight, float(eps))
