@@ -14,16 +14,20 @@ def test_activation_memory_budget_sets_pytorchs_partitioner_setting_returns_the_
 
     from verl_omni.models.wnm.compilation import set_activation_memory_budget
 
-    before = functorch_config.activation_memory_budget
+    before, custom_before = functorch_config.activation_memory_budget, functorch_config.is_non_builtin_to_include
     try:
+        functorch_config.is_non_builtin_to_include = False
         assert set_activation_memory_budget(None) == before
         assert functorch_config.activation_memory_budget == before
+        assert not functorch_config.is_non_builtin_to_include  # None touches nothing
         assert set_activation_memory_budget(0.2) == before
         assert functorch_config.activation_memory_budget == 0.2
+        assert functorch_config.is_non_builtin_to_include  # custom ops are weighed by the budget's knapsack
         assert set_activation_memory_budget(before) == 0.2  # how a caller compiling several variants restores it
         assert functorch_config.activation_memory_budget == before
     finally:
         functorch_config.activation_memory_budget = before
+        functorch_config.is_non_builtin_to_include = custom_before
 
 
 def test_compiled_blocks_keep_compiling_past_dynamos_default_recompile_limit(monkeypatch):

@@ -176,3 +176,64 @@ def test_backward_warns_under_deterministic_algorithms(kernel_double):
             torch.autograd.grad(fa4.fa4_attention(q, k, v).sum(), (q, k, v))
     finally:
         torch.use_deterministic_algorithms(before[0], warn_only=before[1])
+
+
+def _meta(*shape, grad=True):
+    return torch.empty(*shape, device="meta", dtype=torch.bfloat16, requires_grad=grad)
+
+
+def test_flop_counter_counts_the_ops_as_pytorchs_attention():
+    # Hand count with B=2, H=4, S=64 queries, L=48 keys, Dh=32 (BHSLDh = 786,432): the forward is two products,
+    # scores and values, 2 * BHSLDh each; the backward recomputes the scores and forms dV, dP, dQ and dK, five
+    # products. Meta tensors: only the fake implementations run.
+    from torch.utils.flop_counter import FlopCounterMode
+
+    q, k, v = _meta(2, 64, 4, 32), _meta(2, 48, 4, 32), _meta(2, 48, 4, 32)
+    with FlopCounterMode(display=False) as forward:
+        fa4.fa4_attention(q, k, v)
+    assert forward.get_total_flops() == 4 * 786_432
+    with FlopCounterMode(display=False) as both:
+        fa4.fa4_attention(q, k, v).float().sum().backward()
+    assert both.get_total_flops() == (4 + 10) * 786_432
+
+
+@pytest.mark.parametrize("weigh_custom_ops", [False, True])
+def test_memory_budget_keeps_the_attention_output_once_custom_ops_are_weighed(weigh_custom_ops):
+    # Three projections, the attention and an output projection, through AOTAutograd's min-cut partitioner under a
+    # memory budget of 0.5 (meta tensors: the partitioner only reads shapes). The attention (1024 queries over 1024
+    # keys, 1.07 GFLOP) costs 16x a projection (67 MFLOP) for an output of the same size, so a partitioner that
+    # knows its cost keeps its output and recomputes projections instead. PyTorch's most aggressive pass treats an
+    # op outside its own lists as free to recompute unless custom ops are weighed, which set_activation_memory_budget
+    # turns on; then the attention forward runs again in the backward graph.
+    import torch._functorch.config as functorch_config
+    from functorch.compile import make_boxed_func
+    from torch._functorch.aot_autograd import aot_function
+    from torch._functorch.partitioners import min_cut_rematerialization_partition
+
+    b, s, h, d = 2, 1024, 4, 32
+
+    def block(x, w_q, w_k, w_v, w_o):
+        q, k, v = (F.gelu(x @ w).unflatten(-1, (h, d)) for w in (w_q, w_k, w_v))
+        return F.gelu(fa4.fa4_attention(q, k, v).flatten(-2) @ w_o).sum()
+
+    graphs = {}
+
+    def keep(name):
+        def compiler(gm, _):
+            graphs[name] = gm
+            return make_boxed_func(gm)
+
+        return compiler
+
+    saved = functorch_config.activation_memory_budget, functorch_config.is_non_builtin_to_include
+    try:
+        functorch_config.activation_memory_budget = 0.5
+        functorch_config.is_non_builtin_to_include = weigh_custom_ops
+        fn = aot_function(
+            block, fw_compiler=keep("fw"), bw_compiler=keep("bw"), partition_fn=min_cut_rematerialization_partition
+        )
+        fn(_meta(b, s, h * d), *(_meta(h * d, h * d) for _ in range(4))).backward()
+    finally:
+        functorch_config.activation_memory_budget, functorch_config.is_non_builtin_to_include = saved
+    recomputed = [n for n in graphs["bw"].graph.nodes if n.target is torch.ops.wnm.fa4_attention.default]
+    assert len(recomputed) == (0 if weigh_custom_ops else 1)

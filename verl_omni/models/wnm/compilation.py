@@ -48,6 +48,13 @@ def set_activation_memory_budget(budget: float | None) -> float:
     not at the ``compile_blocks`` call. A Ray actor worker compiles only its DiT, so it sets the budget and keeps
     it; a benchmark that compiles several variants in one process restores the returned value after each.
 
+    Setting a budget also lets the partitioner weigh custom ops (``is_non_builtin_to_include``). Why: under a
+    budget below 1 its most aggressive pass treats any op outside its own lists as free to recompute, and that
+    includes our FlashAttention-4 op (``wnm::fa4_attention``), so every attention forward ran twice in training
+    (H200 profile, session 40). With the flag the op joins the knapsack that trades recomputation time against
+    memory, where its FLOP formula (``flash_attention4.py``) gives it its real cost. Our Triton kernels never appear
+    in a training graph (they run without grad only), so the flag changes nothing else here.
+
     Args:
         budget: Fraction in (0, 1] of the activations to keep for the backward (the rest is recomputed); None
             leaves the current setting.
@@ -60,4 +67,5 @@ def set_activation_memory_budget(budget: float | None) -> float:
     before = functorch_config.activation_memory_budget
     if budget is not None:
         functorch_config.activation_memory_budget = float(budget)
+        functorch_config.is_non_builtin_to_include = True
     return before
