@@ -42,6 +42,7 @@ import functools
 import json
 import os
 import platform
+import statistics
 import sys
 from pathlib import Path
 
@@ -102,7 +103,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--window-size", type=int, default=2, help="SDE window steps W")
     p.add_argument("--window-start", type=int, default=3, help="first SDE step of the (fixed) window")
     p.add_argument("--micro-batch", type=int, default=4, help="transitions per forward/backward in (c)")
-    p.add_argument("--checkpointing", default="off", help="activation checkpointing in (c): off, on or both")
+    p.add_argument(
+        "--checkpointing",
+        default="off",
+        help="activation checkpointing in (c): off, on or both; none runs only the --memory-budgets variants",
+    )
     p.add_argument("--ckpt-micro-batch", type=int, default=16, help="transitions per forward/backward with it")
     p.add_argument(
         "--ckpt-blocks",
@@ -124,6 +129,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--iters", type=int, default=5)
     p.add_argument("--out", type=Path, help="also write the whole report to this text file (must not exist)")
     p.add_argument(
+        "--train-steps",
+        type=int,
+        default=3,
+        help="(c): timed optimizer steps per variant after the first (compiling) one; the report gives their median, "
+        "min and max (default 3)",
+    )
+    p.add_argument(
         "--profile-train",
         type=int,
         default=0,
@@ -135,8 +147,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     for path in (args.out, args.json):
         if path is not None and path.exists():
             p.error(f"{path} already exists; choose a new file")
-    if args.checkpointing not in ("off", "on", "both"):
-        p.error(f"--checkpointing must be off, on or both, got {args.checkpointing!r}")
+    if args.checkpointing not in ("off", "on", "both", "none"):
+        p.error(f"--checkpointing must be off, on, both or none, got {args.checkpointing!r}")
+    if args.train_steps < 1:
+        p.error(f"--train-steps must be >= 1, got {args.train_steps}")
     try:
         args.ckpt_block_counts = ckpt_block_counts(args.ckpt_blocks)
     except ValueError as e:
@@ -149,6 +163,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         p.error(f"--memory-budgets must be in (0, 1), got {args.memory_budgets!r}")
     if args.memory_budget_values and not args.compile:
         p.error("--memory-budgets applies to compiled variants: add --compile")
+    if args.checkpointing == "none" and not args.memory_budget_values:
+        p.error("--checkpointing none runs only the --memory-budgets variants: give --memory-budgets")
     if args.checkpointing == "off" and args.ckpt_block_counts != [None]:
         p.error("--ckpt-blocks sweeps the checkpointed variants: it needs --checkpointing on or both")
     try:
@@ -737,14 +753,15 @@ class TrainVariant:
 
 
 def train_variants(args) -> list[TrainVariant]:
-    """(c)'s variants in run order: per compile setting, no checkpointing (unless ``--checkpointing on``), then
-    one per ``--ckpt-blocks`` entry; then the compiled ``--memory-budgets`` variants."""
+    """(c)'s variants in run order: per compile setting, no checkpointing (with ``--checkpointing off`` or
+    ``both``), then one per ``--ckpt-blocks`` entry (``on`` or ``both``); then the compiled ``--memory-budgets``
+    variants (the only ones with ``none``)."""
     wanted = set(_csv(args.train_variants))
     kinds = ([False] if "eager" in wanted else []) + ([True] if args.compile and "compiled" in wanted else [])
-    counts = {"off": [], "on": args.ckpt_block_counts, "both": args.ckpt_block_counts}[args.checkpointing]
+    counts = {"off": [], "on": args.ckpt_block_counts, "both": args.ckpt_block_counts, "none": []}[args.checkpointing]
     out = []
     for compiled in kinds:
-        if args.checkpointing != "on":
+        if args.checkpointing in ("off", "both"):
             out.append(TrainVariant(compiled))
         out += [TrainVariant(compiled, checkpointing=True, ckpt_blocks=n) for n in counts]
     if True in kinds:
@@ -753,7 +770,17 @@ def train_variants(args) -> list[TrainVariant]:
 
 
 def train_variant(
-    cfg, device, dtype, mesh, group, peak: float, attention: str, variant: TrainVariant, mb: int, profile_top: int = 0
+    cfg,
+    device,
+    dtype,
+    mesh,
+    group,
+    peak: float,
+    attention: str,
+    variant: TrainVariant,
+    mb: int,
+    profile_top: int = 0,
+    steps: int = 3,
 ) -> dict:
     """Builds, shards (and compiles) a fresh model and measures one variant of (c); see :func:`bench_train`.
 
@@ -764,9 +791,10 @@ def train_variant(
         mb: Transitions per forward/backward, and the rollout's rows per DiT call.
         profile_top: If > 0, after the timed steps, profile one more step and print its kernel table (this many
             top kernels) and how much of the step the GPU was busy (``profile_dit.profile_step``).
+        steps: Timed steps after the first; the row's ``seconds`` is their median.
     """
     if variant.memory_budget is None:
-        return _train_variant(cfg, device, dtype, mesh, group, peak, attention, variant, mb, profile_top)
+        return _train_variant(cfg, device, dtype, mesh, group, peak, attention, variant, mb, profile_top, steps)
     from verl_omni.models.wnm.compilation import set_activation_memory_budget
 
     # The budget is read when inductor partitions the joint graph, i.e. at the first backward: recompile under it,
@@ -774,14 +802,24 @@ def train_variant(
     torch._dynamo.reset()
     old = set_activation_memory_budget(variant.memory_budget)
     try:
-        return _train_variant(cfg, device, dtype, mesh, group, peak, attention, variant, mb, profile_top)
+        return _train_variant(cfg, device, dtype, mesh, group, peak, attention, variant, mb, profile_top, steps)
     finally:
         set_activation_memory_budget(old)
         torch._dynamo.reset()
 
 
 def _train_variant(
-    cfg, device, dtype, mesh, group, peak: float, attention: str, variant: TrainVariant, mb: int, profile_top: int = 0
+    cfg,
+    device,
+    dtype,
+    mesh,
+    group,
+    peak: float,
+    attention: str,
+    variant: TrainVariant,
+    mb: int,
+    profile_top: int = 0,
+    steps: int = 3,
 ) -> dict:
     """:func:`train_variant` once the variant's compile settings are in place."""
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
@@ -828,8 +866,9 @@ def _train_variant(
     reset_peak(device)
     # First step: compiles (if on) and records the rollout-vs-recomputed log-prob gap (unchanged weights).
     t_first, m_first = timed_once(functools.partial(actor.update_policy, [mini]), device)
-    times = [timed_once(functools.partial(actor.update_policy, [mini]), device)[0] for _ in range(2)]
-    t = sorted(times)[len(times) // 2]
+    # Several timed steps, median and spread: on the H200 two steps of one variant differed by up to 15% (session 40).
+    times = [timed_once(functools.partial(actor.update_policy, [mini]), device)[0] for _ in range(steps)]
+    t = statistics.median(times)
     if profile_top and device.type == "cuda":
         from profile_dit import profile_step
 
@@ -840,6 +879,9 @@ def _train_variant(
     )
     return {
         "seconds": t,
+        "seconds_min": min(times),
+        "seconds_max": max(times),
+        "steps_timed": len(times),
         "first_step_s": t_first,
         "tflops": fl / t / 1e12,
         "frac_peak": fl / t / 1e12 / peak,
@@ -885,7 +927,7 @@ def bench_train(cfg, args, device, dtype, group, peak: float, attention: str = "
             reset_peak(device)
             try:
                 row = base | train_variant(
-                    cfg, device, dtype, mesh, group, peak, attention, variant, mb, args.profile_train
+                    cfg, device, dtype, mesh, group, peak, attention, variant, mb, args.profile_train, args.train_steps
                 )
             except Exception as e:  # report and go on to the next variant
                 error = "OOM" if is_oom(e) else f"FAILED: {type(e).__name__}"
@@ -893,7 +935,8 @@ def bench_train(cfg, args, device, dtype, group, peak: float, attention: str = "
                 print(f"  (c) train {label}  {error}: {type(e).__name__}: {str(e)[:300]}", flush=True)
             else:
                 print(
-                    f"  (c) train {label} {row['seconds']:7.3f} s  {row['tflops']:7.1f} TFLOP/s  "
+                    f"  (c) train {label} {row['seconds']:7.3f} s ({row['seconds_min']:.3f}-{row['seconds_max']:.3f})"
+                    f"  {row['tflops']:7.1f} TFLOP/s  "
                     f"{row['frac_peak']:.1%} of peak  peak {row['peak_gib']:.1f} GiB  "
                     f"max |dlogp| {row['logp_abs_diff_max']:.2e}",
                     flush=True,
@@ -967,8 +1010,9 @@ def summary(args, cfg, env, peak, fwd, check, group, train) -> str:
             "",
             "(c) FSDP2 training step (1 rank) over the group's window transitions, WNMDiffusionActor.update_policy;",
             "    ckpt = blocks under activation checkpointing (the first ones) / all blocks",
-            f"  {'variant':<22}{'ckpt':>7}{'s':>8}{'trans.':>7}{'mb':>4}{'TFLOP/s':>9}{'of peak':>9}{'peak GiB':>10}"
-            f"{'first s':>9}  max |logp_rollout - logp_recomputed|",
+            "    s = median of the timed steps; min-max = their spread",
+            f"  {'variant':<22}{'ckpt':>7}{'s':>8}{'min-max':>14}{'trans.':>7}{'mb':>4}{'TFLOP/s':>9}{'of peak':>9}"
+            f"{'peak GiB':>10}{'first s':>9}  max |logp_rollout - logp_recomputed|",
         ]
         for r in train:
             head = f"  {r['variant']:<22}{r['ckpt_blocks']:>4}/{r['num_blocks']:<2}"
@@ -976,12 +1020,14 @@ def summary(args, cfg, env, peak, fwd, check, group, train) -> str:
                 # Peak GiB of a failed variant: the peak before the allocation that failed.
                 word, why = ("OOM", "out of device memory") if r["error"] == "OOM" else ("FAILED", r["error"])
                 lines.append(
-                    f"{head}{word:>8}{r['transitions']:>7}{r['micro_batch']:>4}{'-':>9}{'-':>9}{r['peak_gib']:>10.1f}"
+                    f"{head}{word:>8}{'-':>14}{r['transitions']:>7}{r['micro_batch']:>4}{'-':>9}{'-':>9}"
+                    f"{r['peak_gib']:>10.1f}"
                     f"{'-':>9}  {why}"
                 )
                 continue
             lines.append(
-                f"{head}{r['seconds']:>8.3f}{r['transitions']:>7}{r['micro_batch']:>4}{r['tflops']:>9.1f}"
+                f"{head}{r['seconds']:>8.3f}{r['seconds_min']:>7.3f}-{r['seconds_max']:.3f}"
+                f"{r['transitions']:>7}{r['micro_batch']:>4}{r['tflops']:>9.1f}"
                 f"{r['frac_peak']:>9.1%}{r['peak_gib']:>10.1f}{r['first_step_s']:>9.1f}  {r['logp_abs_diff_max']:.2e}"
             )
     return "\n".join(lines)

@@ -41,6 +41,8 @@ def test_bench_stage3_cpu_reports_forward_numerics_group_and_train(tmp_path):
     (train,) = data["train"]
     # The product's actor at the rollout's shapes: ratio exactly 1 before the step.
     assert train["transitions"] == 32 and train["logp_abs_diff_max"] == 0.0
+    # The median of three timed steps (the default --train-steps), with their spread.
+    assert train["steps_timed"] == 3 and train["seconds_min"] <= train["seconds"] <= train["seconds_max"]
     assert "(c) FSDP2 training step" in out.read_text()
 
 
@@ -84,13 +86,13 @@ def test_ckpt_blocks_sweep_checkpoints_the_first_blocks_and_goes_on_after_an_oom
     rc = bench.main(
         ["--size", "tiny", "--device", "cpu", "--dtype", "float32", "--skip", "a,check,b", "--num-steps", "4",
          "--window-start", "1", "--checkpointing", "on", "--ckpt-micro-batch", "16", "--ckpt-blocks", "all,0,2",
-         "--out", str(out), "--json", str(js)]
+         "--train-steps", "2", "--out", str(out), "--json", str(js)]
     )  # fmt: skip
     assert rc == 0
     rows = json.loads(js.read_text())["train"]
     got = [(r["ckpt_blocks"], r["num_blocks"], r.get("error")) for r in rows]
     assert got == [(4, 4, None), (0, 4, "OOM"), (2, 4, None)]
-    # 3 steps per measured variant (the first and two timed), the OOM on the first step of its variant.
+    # 3 steps per measured variant (the first and --train-steps 2 timed), the OOM on the first step of its variant.
     assert seen == [(True,) * 4] * 3 + [(False,) * 4] + [(True, True, False, False)] * 3
     all_blocks, _, two = rows
     # Same weights, same rollout, same micro-batches: checkpointing changes what is kept, not the math.
@@ -150,4 +152,14 @@ def test_memory_budget_variants_are_checked_and_run_after_the_checkpointed_ones(
     # Without --checkpointing on, each compile setting first runs without checkpointing, at --micro-batch.
     args = bench.parse_args("--compile --train-variants eager,compiled --checkpointing both --ckpt-blocks 1".split())
     assert bench.train_variants(args) == [V(False), V(False, True, 1), V(True), V(True, True, 1)]
+    # --checkpointing none: only the memory-budget variants, which it needs.
+    args = bench.parse_args("--compile --train-variants compiled --checkpointing none --memory-budgets 0.2".split())
+    assert bench.train_variants(args) == [V(True, memory_budget=0.2)]
+    for argv, needle in (
+        (["--compile", "--checkpointing", "none"], "--checkpointing none runs only the --memory-budgets variants"),
+        (["--train-steps", "0"], "--train-steps must be >= 1"),
+    ):
+        with pytest.raises(SystemExit) as exc:
+            bench.parse_args(argv)
+        assert exc.value.code == 2 and needle in capsys.readouterr().err
     assert not V(False).large_micro_batch and V(False).name == "eager"

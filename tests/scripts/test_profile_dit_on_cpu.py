@@ -55,3 +55,20 @@ def test_forward_inputs_drive_both_models_at_tiny_size(profile_dit):
         )
     assert video_v.shape == ours_args[0].shape and action_v.shape == ours_args[1].shape
     assert anchor_v.shape == anchor_args[0].shape
+
+
+def test_busy_time_is_the_union_of_kernel_intervals_by_hand(profile_dit):
+    # Microseconds: [0, 10) and [5, 12) overlap (two streams) -> 12; [20, 25) -> 5; [21, 23) inside it -> 0;
+    # [30, 30) empty. Busy 17 us = 0.017 ms.
+    intervals = [(5.0, 12.0), (0.0, 10.0), (21.0, 23.0), (20.0, 25.0), (30.0, 30.0)]
+    assert profile_dit.busy_ms(intervals) == pytest.approx(0.017)
+    assert profile_dit.busy_ms([]) == 0.0
+
+
+def test_flash_attention4_kernels_from_an_h200_training_profile_are_attention(profile_dit):
+    # docs/bench/h200_train_fa4_profile_session40.txt
+    for name in (
+        "kernel_cutlass_kernel_flash_attncuteflash_bwd_sm90FlashAttentionBackwardSm90_object_at__tensor0000o11101213_te",
+        "kernel_cutlass_kernel_flash_attncuteflash_fwd_sm90FlashAttentionForwardSm90_object_at__tensor0000o11101213_ten",
+    ):
+        assert profile_dit.kind_of(name) == "attention", name
