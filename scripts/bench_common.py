@@ -25,6 +25,18 @@ def peak_gib(device: torch.device) -> float:
     return torch.cuda.max_memory_allocated(device) / 1024**3 if device.type == "cuda" else float("nan")
 
 
+def sm_clock_mhz(device: torch.device) -> int | None:
+    """The GPU's SM clock over its last sample period (``torch.cuda.clock_rate``, through NVML), or None on CPU or
+    where NVML (the ``nvidia-ml-py`` package) is missing. Read beside a timing, it tells a slower step from a
+    throttled card."""
+    if device.type != "cuda":
+        return None
+    try:
+        return int(torch.cuda.clock_rate(device))
+    except Exception:  # NVML missing or not answering: the timing stands without it
+        return None
+
+
 def median_time(fn, device: torch.device, warmup: int, iters: int) -> float:
     """Median wall seconds of ``fn()`` over ``iters`` runs after ``warmup`` runs (device-synchronized)."""
     for _ in range(warmup):

@@ -49,7 +49,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_common import median_time, peak_gib, reset_peak, timed_once, wan_anchor  # noqa: E402
+from bench_common import median_time, peak_gib, reset_peak, sm_clock_mhz, timed_once, wan_anchor  # noqa: E402
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
@@ -867,7 +867,10 @@ def _train_variant(
     # First step: compiles (if on) and records the rollout-vs-recomputed log-prob gap (unchanged weights).
     t_first, m_first = timed_once(functools.partial(actor.update_policy, [mini]), device)
     # Several timed steps, median and spread: on the H200 two steps of one variant differed by up to 15% (session 40).
-    times = [timed_once(functools.partial(actor.update_policy, [mini]), device)[0] for _ in range(steps)]
+    times, clocks = [], []
+    for _ in range(steps):
+        times.append(timed_once(functools.partial(actor.update_policy, [mini]), device)[0])
+        clocks.append(sm_clock_mhz(device))
     t = statistics.median(times)
     if profile_top and device.type == "cuda":
         from profile_dit import profile_step
@@ -882,6 +885,8 @@ def _train_variant(
         "seconds_min": min(times),
         "seconds_max": max(times),
         "steps_timed": len(times),
+        "step_seconds": times,
+        "sm_clock_mhz_after_steps": clocks,
         "first_step_s": t_first,
         "tflops": fl / t / 1e12,
         "frac_peak": fl / t / 1e12 / peak,
@@ -938,7 +943,8 @@ def bench_train(cfg, args, device, dtype, group, peak: float, attention: str = "
                     f"  (c) train {label} {row['seconds']:7.3f} s ({row['seconds_min']:.3f}-{row['seconds_max']:.3f})"
                     f"  {row['tflops']:7.1f} TFLOP/s  "
                     f"{row['frac_peak']:.1%} of peak  peak {row['peak_gib']:.1f} GiB  "
-                    f"max |dlogp| {row['logp_abs_diff_max']:.2e}",
+                    f"max |dlogp| {row['logp_abs_diff_max']:.2e}  "
+                    f"SM clock after each step (MHz) {row['sm_clock_mhz_after_steps']}",
                     flush=True,
                 )
             rows.append(row)

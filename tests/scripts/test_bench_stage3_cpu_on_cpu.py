@@ -43,6 +43,7 @@ def test_bench_stage3_cpu_reports_forward_numerics_group_and_train(tmp_path):
     assert train["transitions"] == 32 and train["logp_abs_diff_max"] == 0.0
     # The median of three timed steps (the default --train-steps), with their spread.
     assert train["steps_timed"] == 3 and train["seconds_min"] <= train["seconds"] <= train["seconds_max"]
+    assert len(train["step_seconds"]) == 3 and train["sm_clock_mhz_after_steps"] == [None] * 3  # no clock on CPU
     assert "(c) FSDP2 training step" in out.read_text()
 
 
@@ -163,3 +164,9 @@ def test_memory_budget_variants_are_checked_and_run_after_the_checkpointed_ones(
             bench.parse_args(argv)
         assert exc.value.code == 2 and needle in capsys.readouterr().err
     assert not V(False).large_micro_batch and V(False).name == "eager"
+
+
+def test_sm_clock_is_none_on_cpu():
+    from bench_common import sm_clock_mhz
+
+    assert sm_clock_mhz(torch.device("cpu")) is None
