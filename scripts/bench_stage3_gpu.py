@@ -769,6 +769,29 @@ def train_variants(args) -> list[TrainVariant]:
     return out
 
 
+@contextlib.contextmanager
+def memory_budget_of(variant: TrainVariant):
+    """Inductor's activation memory budget of ``variant`` while the block inside compiles and runs (nothing for a
+    variant without one).
+
+    The budget is read when inductor partitions the joint graph, i.e. at the first backward, so dynamo is reset on
+    the way in (recompile under it) and out; the old setting comes back for the variants after this one (the
+    product's worker keeps it instead).
+    """
+    if variant.memory_budget is None:
+        yield
+        return
+    from verl_omni.models.wnm.compilation import set_activation_memory_budget
+
+    torch._dynamo.reset()
+    old = set_activation_memory_budget(variant.memory_budget)
+    try:
+        yield
+    finally:
+        set_activation_memory_budget(old)
+        torch._dynamo.reset()
+
+
 def train_variant(
     cfg,
     device,
@@ -782,7 +805,8 @@ def train_variant(
     profile_top: int = 0,
     steps: int = 3,
 ) -> dict:
-    """Builds, shards (and compiles) a fresh model and measures one variant of (c); see :func:`bench_train`.
+    """Builds, shards (and compiles) a fresh model and measures one variant of (c); see :func:`bench_train`. Run it
+    inside :func:`memory_budget_of`.
 
     Everything it allocates is local, so an exception (an OOM) frees it all once the caller drops the exception.
 
@@ -793,35 +817,6 @@ def train_variant(
             top kernels) and how much of the step the GPU was busy (``profile_dit.profile_step``).
         steps: Timed steps after the first; the row's ``seconds`` is their median.
     """
-    if variant.memory_budget is None:
-        return _train_variant(cfg, device, dtype, mesh, group, peak, attention, variant, mb, profile_top, steps)
-    from verl_omni.models.wnm.compilation import set_activation_memory_budget
-
-    # The budget is read when inductor partitions the joint graph, i.e. at the first backward: recompile under it,
-    # and restore the old setting for the variants after this one (the product's worker keeps it instead).
-    torch._dynamo.reset()
-    old = set_activation_memory_budget(variant.memory_budget)
-    try:
-        return _train_variant(cfg, device, dtype, mesh, group, peak, attention, variant, mb, profile_top, steps)
-    finally:
-        set_activation_memory_budget(old)
-        torch._dynamo.reset()
-
-
-def _train_variant(
-    cfg,
-    device,
-    dtype,
-    mesh,
-    group,
-    peak: float,
-    attention: str,
-    variant: TrainVariant,
-    mb: int,
-    profile_top: int = 0,
-    steps: int = 3,
-) -> dict:
-    """:func:`train_variant` once the variant's compile settings are in place."""
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     from verl_omni.pipelines.wnm_3d.actor import UpdateMicroBatch, WNMDiffusionActor
@@ -931,9 +926,12 @@ def bench_train(cfg, args, device, dtype, group, peak: float, attention: str = "
             label = f"{name:<22} ckpt {n_ckpt:>2}/{layers}"
             reset_peak(device)
             try:
-                row = base | train_variant(
-                    cfg, device, dtype, mesh, group, peak, attention, variant, mb, args.profile_train, args.train_steps
-                )
+                with memory_budget_of(variant):
+                    measured = train_variant(
+                        cfg, device, dtype, mesh, group, peak, attention, variant, mb, args.profile_train,
+                        args.train_steps,
+                    )  # fmt: skip
+                row = base | measured
             except Exception as e:  # report and go on to the next variant
                 error = "OOM" if is_oom(e) else f"FAILED: {type(e).__name__}"
                 row = {**base, "error": error, "message": str(e)[:300], "peak_gib": peak_gib(device)}
