@@ -165,7 +165,7 @@ def parse_args(argv=None) -> argparse.Namespace:
         p.error("--memory-budgets applies to compiled variants: add --compile")
     if args.checkpointing == "none" and not args.memory_budget_values:
         p.error("--checkpointing none runs only the --memory-budgets variants: give --memory-budgets")
-    if args.checkpointing == "off" and args.ckpt_block_counts != [None]:
+    if args.checkpointing in ("off", "none") and args.ckpt_block_counts != [None]:
         p.error("--ckpt-blocks sweeps the checkpointed variants: it needs --checkpointing on or both")
     try:
         batches = [int(v) for v in args.batches.split(",") if v.strip()]
@@ -1030,7 +1030,7 @@ def summary(args, cfg, env, peak, fwd, check, group, train) -> str:
                 )
                 continue
             lines.append(
-                f"{head}{r['seconds']:>8.3f}{r['seconds_min']:>7.3f}-{r['seconds_max']:.3f}"
+                f"{head}{r['seconds']:>8.3f}{r['seconds_min']:>8.3f}-{r['seconds_max']:<5.3f}"
                 f"{r['transitions']:>7}{r['micro_batch']:>4}{r['tflops']:>9.1f}"
                 f"{r['frac_peak']:>9.1%}{r['peak_gib']:>10.1f}{r['first_step_s']:>9.1f}  {r['logp_abs_diff_max']:.2e}"
             )

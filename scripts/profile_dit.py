@@ -54,6 +54,12 @@ def profile(fn, iters: int, warmup: int = 3) -> list[tuple[str, float, int]]:
         for _ in range(iters):
             fn()
         torch.cuda.synchronize()
+    return kernel_rows(prof, iters)
+
+
+def kernel_rows(prof, calls: int) -> list[tuple[str, float, int]]:
+    """``[(kernel name, ms per call, launches per call)]`` of a finished ``torch.profiler`` run over ``calls`` calls,
+    largest first."""
     rows = []
     for ev in prof.key_averages():
         total_us = getattr(ev, "device_time_total", None)
@@ -61,7 +67,7 @@ def profile(fn, iters: int, warmup: int = 3) -> list[tuple[str, float, int]]:
             total_us = ev.cuda_time_total
         if total_us <= 0 or ev.key.startswith("ProfilerStep"):
             continue
-        rows.append((ev.key, total_us / 1e3 / iters, ev.count // iters))
+        rows.append((ev.key, total_us / 1e3 / calls, ev.count // calls))
     return sorted(rows, key=lambda r: -r[1])
 
 
@@ -94,20 +100,14 @@ def profile_step(fn, label: str, top: int) -> str:
         fn()
         torch.cuda.synchronize()
         wall_ms = (time.perf_counter() - t0) * 1e3
-    rows, intervals = [], []
-    for ev in prof.key_averages():
-        total_us = getattr(ev, "device_time_total", None)
-        if total_us is None:
-            total_us = ev.cuda_time_total
-        if total_us > 0 and not ev.key.startswith("ProfilerStep"):
-            rows.append((ev.key, total_us / 1e3, ev.count))
+    intervals = []
     for ev in prof.events():
         if ev.device_type == torch.autograd.DeviceType.CUDA and ev.time_range.end > ev.time_range.start:
             intervals.append((ev.time_range.start, ev.time_range.end))
     busy = busy_ms(intervals)
     idle = wall_ms - busy
     head = f"{label}: wall {wall_ms:.1f} ms, GPU busy {busy:.1f} ms ({busy / wall_ms:.1%}), idle {idle:.1f} ms"
-    return head + "\n" + report(label, sorted(rows, key=lambda r: -r[1]), top)
+    return head + "\n" + report(label, kernel_rows(prof, 1), top)
 
 
 def report(name: str, rows: list[tuple[str, float, int]], top: int) -> str:

@@ -159,6 +159,10 @@ def test_memory_budget_variants_are_checked_and_run_after_the_checkpointed_ones(
     for argv, needle in (
         (["--compile", "--checkpointing", "none"], "--checkpointing none runs only the --memory-budgets variants"),
         (["--train-steps", "0"], "--train-steps must be >= 1"),
+        (
+            ["--compile", "--checkpointing", "none", "--memory-budgets", "0.2", "--ckpt-blocks", "2"],
+            "--ckpt-blocks sweeps the checkpointed variants",
+        ),
     ):
         with pytest.raises(SystemExit) as exc:
             bench.parse_args(argv)

@@ -72,3 +72,19 @@ def test_flash_attention4_kernels_from_an_h200_training_profile_are_attention(pr
         "kernel_cutlass_kernel_flash_attncuteflash_fwd_sm90FlashAttentionForwardSm90_object_at__tensor0000o11101213_ten",
     ):
         assert profile_dit.kind_of(name) == "attention", name
+
+
+def test_kernel_rows_divide_by_calls_and_drop_host_only_events(profile_dit):
+    from types import SimpleNamespace as Event
+
+    class Profile:  # what kernel_rows reads of a finished torch.profiler run
+        @staticmethod
+        def key_averages():
+            return [
+                Event(key="nvjet_gemm", device_time_total=6000.0, count=20),  # 6 ms, 20 launches over 2 calls
+                Event(key="ProfilerStep#1", device_time_total=9000.0, count=2),
+                Event(key="aten::copy_", device_time_total=0.0, count=4),  # host-side only
+                Event(key="flash_fprop", device_time_total=8000.0, count=4),
+            ]
+
+    assert profile_dit.kernel_rows(Profile(), 2) == [("flash_fprop", 4.0, 2), ("nvjet_gemm", 3.0, 10)]
