@@ -9,15 +9,26 @@ epilogue. This script times, in one process at the DiT's shapes (bf16, CUDA), me
 - ``linear + gelu``: ``F.gelu(F.linear(x, W, b), approximate="tanh")``, eager and compiled (what the block runs);
 - ``addmm + GELU epilogue``: ``torch._addmm_activation(b, x, W^T, use_gelu=True)``, eager and compiled;
 
+- ``mm, no bias or GELU``: the same product alone, the ceiling the epilogue kernel is measured against;
+
 and prints which GELU the epilogue computes (its distance from the tanh form and from the exact form; on CPU
 PyTorch computes the exact one, so the two devices would differ).
 
+cuBLAS chooses its kernel by heuristics that depend on the workspace it may use and on which library PyTorch calls.
+``--settings`` repeats the table under other choices, each in a fresh child process because PyTorch reads the
+workspace variables once per process: ``lt-ws=KIB`` sets ``CUBLASLT_WORKSPACE_SIZE`` (KiB), ``ws=CONFIG`` sets
+``CUBLAS_WORKSPACE_CONFIG``, ``lib=cublaslt`` calls ``torch.backends.cuda.preferred_blas_library("cublaslt")``;
+join several with ``+``.
+
     python scripts/bench_gelu_epilogue.py --batches 4,16
+    python scripts/bench_gelu_epilogue.py --batches 16 --settings "lt-ws=32768,lt-ws=65536,lib=cublaslt"
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -36,6 +47,29 @@ def addmm_gelu(x, w, b):
     return torch._addmm_activation(b, x, w.t(), use_gelu=True)
 
 
+def mm_only(x, w, b):
+    return torch.mm(x, w.t())
+
+
+SETTING_KEYS = {"lt-ws": "CUBLASLT_WORKSPACE_SIZE", "ws": "CUBLAS_WORKSPACE_CONFIG", "lib": None}
+
+
+def parse_setting(text: str) -> tuple[dict[str, str], str | None]:
+    """One ``--settings`` item (``lt-ws=32768+lib=cublaslt``) as (environment variables, BLAS library or None)."""
+    env, library = {}, None
+    for part in text.split("+"):
+        key, sep, value = part.partition("=")
+        if not sep or key not in SETTING_KEYS or not value:
+            raise SystemExit(f"--settings: {part!r} is not one of lt-ws=KIB, ws=CONFIG, lib=cublas|cublaslt")
+        if key == "lib":
+            if value not in ("cublas", "cublaslt"):
+                raise SystemExit(f"--settings: lib={value!r}; use lib=cublas or lib=cublaslt")
+            library = value
+        else:
+            env[SETTING_KEYS[key]] = value
+    return env, library
+
+
 @torch.no_grad()
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -44,9 +78,20 @@ def main(argv=None) -> int:
     p.add_argument("--seq", type=int, default=4640, help="tokens per sample (default: the wan2.1-1.3b WNM sequence)")
     p.add_argument("--batches", default="4,16")
     p.add_argument("--iters", type=int, default=20)
+    p.add_argument(
+        "--settings",
+        default="",
+        help="comma-separated cuBLAS settings to repeat the timing under, each in a child process: "
+        "lt-ws=KIB (CUBLASLT_WORKSPACE_SIZE), ws=CONFIG (CUBLAS_WORKSPACE_CONFIG), lib=cublas|cublaslt; "
+        "join several with + (default: the process's own settings only)",
+    )
+    p.add_argument("--blas-library", choices=("cublas", "cublaslt"), default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    settings = [parse_setting(item) for item in args.settings.split(",") if item]
     if not torch.cuda.is_available():
         raise SystemExit("bench_gelu_epilogue.py needs a CUDA device")
+    if args.blas_library:
+        torch.backends.cuda.preferred_blas_library(args.blas_library)
     device = torch.device("cuda")
     dim, ffn, seq = args.dim, args.ffn_dim, args.seq
     g = torch.Generator(device=device).manual_seed(0)
@@ -63,8 +108,11 @@ def main(argv=None) -> int:
         )
     wb, bb = w.bfloat16(), b.bfloat16()
     compiled = {"linear + gelu": torch.compile(linear_gelu), "addmm + GELU epilogue": torch.compile(addmm_gelu)}
+    chosen = " ".join(f"{k}={os.environ[k]}" for k in SETTING_KEYS.values() if k and k in os.environ)
+    library = str(torch.backends.cuda.preferred_blas_library()).rsplit(".", 1)[-1]
     print(f"dim {dim}, ffn {ffn}, {seq} tokens a sample, {torch.__version__}, {torch.cuda.get_device_name(device)}")
-    print(f"{'batch':>5}  {'variant':<36}{'ms':>8}{'x eager linear+gelu':>21}")
+    print(f"cuBLAS settings: {chosen or 'defaults'}, preferred library {library}")
+    print(f"{'batch':>5}  {'variant':<36}{'ms':>8}{'TFLOP/s':>9}{'x eager linear+gelu':>21}")
     for batch in (int(v) for v in args.batches.split(",")):
         x = torch.randn(batch * seq, dim, device=device, generator=g, dtype=torch.bfloat16)
         rows = {
@@ -72,11 +120,20 @@ def main(argv=None) -> int:
             "linear + gelu, compiled": lambda x=x: compiled["linear + gelu"](x, wb, bb),
             "addmm + GELU epilogue, eager": lambda x=x: addmm_gelu(x, wb, bb),
             "addmm + GELU epilogue, compiled": lambda x=x: compiled["addmm + GELU epilogue"](x, wb, bb),
+            "mm, no bias or GELU": lambda x=x: mm_only(x, wb, bb),
         }
         ms = {name: median_time(fn, device, 3, args.iters) * 1e3 for name, fn in rows.items()}
         base = ms["linear + gelu, eager"]
+        flops = 2 * batch * seq * dim * ffn
         for name, t in ms.items():
-            print(f"{batch:>5}  {name:<36}{t:8.3f}{base / t:20.2f}x", flush=True)
+            print(f"{batch:>5}  {name:<36}{t:8.3f}{flops / t / 1e9:9.1f}{base / t:20.2f}x", flush=True)
+    for env, library in settings:
+        # A fresh process per setting: PyTorch sizes the cuBLAS(Lt) workspace once, at its first GEMM.
+        child = [sys.executable, __file__, "--dim", str(dim), "--ffn-dim", str(ffn), "--seq", str(seq)]
+        child += ["--batches", args.batches, "--iters", str(args.iters)]
+        child += ["--blas-library", library] if library else []
+        print(flush=True)
+        subprocess.run(child, env={**os.environ, **env}, check=True)
     return 0
 
 
