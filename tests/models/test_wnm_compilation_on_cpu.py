@@ -30,6 +30,39 @@ def test_activation_memory_budget_sets_pytorchs_partitioner_setting_returns_the_
         functorch_config.is_non_builtin_to_include = custom_before
 
 
+def test_a_memory_budget_counts_cudnn_attention_as_compute_intensive_once(monkeypatch):
+    from types import SimpleNamespace
+
+    import torch._functorch.config as functorch_config
+    from torch._functorch import partitioners
+
+    from verl_omni.models.wnm import compilation
+
+    # PyTorch's own function (an earlier test in this process may have set a budget already), restored after.
+    own = partitioners.get_default_op_list
+    monkeypatch.setattr(partitioners, "get_default_op_list", getattr(own, "__wrapped__", own))
+    monkeypatch.setattr(functorch_config, "activation_memory_budget", functorch_config.activation_memory_budget)
+    monkeypatch.setattr(functorch_config, "is_non_builtin_to_include", functorch_config.is_non_builtin_to_include)
+    aten = torch.ops.aten
+    cudnn = SimpleNamespace(target=aten._scaled_dot_product_cudnn_attention.default)
+    flash = SimpleNamespace(target=aten._scaled_dot_product_flash_attention.default)
+    mm, add = SimpleNamespace(target=aten.mm.default), SimpleNamespace(target=aten.add.Tensor)
+    # PyTorch's own list: flash SDPA and mm are compute-intensive, cuDNN's SDPA is not (the gap being closed).
+    ops = partitioners.get_default_op_list()
+    assert ops.is_compute_intensive(flash) and ops.is_compute_intensive(mm) and not ops.is_compute_intensive(cudnn)
+
+    assert compilation.set_activation_memory_budget(None) is not None
+    assert not partitioners.get_default_op_list().is_compute_intensive(cudnn)  # no budget, nothing changed
+    compilation.set_activation_memory_budget(0.2)
+    ops = partitioners.get_default_op_list()
+    assert ops.is_compute_intensive(cudnn) and ops.is_compute_intensive(flash) and ops.is_compute_intensive(mm)
+    assert not ops.is_compute_intensive(add) and ops.is_recomputable(add)  # the rest of the lists as they were
+    wrapped = partitioners.get_default_op_list
+    assert compilation.count_cudnn_attention_as_compute_intensive()
+    assert partitioners.get_default_op_list is wrapped  # a second call wraps nothing again
+    assert wrapped.__wrapped__ is getattr(own, "__wrapped__", own)
+
+
 def test_compiled_blocks_keep_compiling_past_dynamos_default_recompile_limit(monkeypatch):
     """Every compiled model in a process shares ``block_forward``'s recompile budget (dynamo's default is 8);
     past it dynamo silently runs the block eagerly. Here 8 batch sizes x (the first block, which leaves its

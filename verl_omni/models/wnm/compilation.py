@@ -6,6 +6,8 @@ inductor options it depends on and read back how many graphs dynamo keeps for it
 
 from __future__ import annotations
 
+import functools
+
 from .block import WNMTransformerBlock
 
 # Dynamo keeps its compiled graphs per code object, so every compiled model in a process shares one budget of
@@ -55,6 +57,11 @@ def set_activation_memory_budget(budget: float | None) -> float:
     memory, where its FLOP formula (``flash_attention4.py``) gives it its real cost. Our Triton kernels never appear
     in a training graph (they run without grad only), so the flag changes nothing else here.
 
+    The same pass would recompute cuDNN's attention, the kernel PyTorch picks for our default backend on Hopper: the
+    partitioner's list of compute-intensive ops names the flash and memory-efficient SDPA ops but not
+    ``aten._scaled_dot_product_cudnn_attention`` (torch 2.11 to 2.13), and a built-in op does not get the flag's
+    treatment. :func:`count_cudnn_attention_as_compute_intensive` adds it to that list.
+
     Args:
         budget: Fraction in (0, 1] of the activations to keep for the backward (the rest is recomputed); None
             leaves the current setting.
@@ -68,4 +75,40 @@ def set_activation_memory_budget(budget: float | None) -> float:
     if budget is not None:
         functorch_config.activation_memory_budget = float(budget)
         functorch_config.is_non_builtin_to_include = True
+        count_cudnn_attention_as_compute_intensive()
     return before
+
+
+def count_cudnn_attention_as_compute_intensive() -> bool:
+    """Adds cuDNN's SDPA op to the compute-intensive ops of PyTorch's min-cut partitioner, once per process.
+
+    Why a wrapper around a private function: the list is built inside
+    ``torch._functorch.partitioners.get_default_op_list`` with no setting to extend it, and an op outside it is
+    treated as free to recompute by the partitioner under a memory budget; the partitioner looks the function up
+    by its module name on every call, so wrapping it there is the narrowest change. A compute-intensive op is never
+    recomputed for free: under a budget it enters the knapsack with its FLOPs (PyTorch's own cuDNN SDPA formula),
+    as the flash and memory-efficient SDPA ops already do.
+
+    Returns:
+        True if cuDNN's op now counts (newly or from an earlier call); False if this torch lacks the op or the
+        function, in which case nothing is changed.
+    """
+    import torch
+    from torch._functorch import partitioners
+
+    original = getattr(partitioners, "get_default_op_list", None)
+    cudnn_attention = getattr(torch.ops.aten, "_scaled_dot_product_cudnn_attention", None)
+    if original is None or cudnn_attention is None:
+        return False
+    if getattr(original, "counts_cudnn_attention", False):
+        return True
+
+    @functools.wraps(original)  # keeps PyTorch's function as __wrapped__
+    def get_default_op_list():
+        op_types = original()
+        op_types.compute_intensive_ops.add(cudnn_attention)
+        return op_types
+
+    get_default_op_list.counts_cudnn_attention = True
+    partitioners.get_default_op_list = get_default_op_list
+    return True
