@@ -9,6 +9,7 @@ epilogue. This script times, in one process at the DiT's shapes (bf16, CUDA), me
 - ``linear + gelu``: ``F.gelu(F.linear(x, W, b), approximate="tanh")``, eager and compiled (what the block runs);
 - ``addmm + GELU epilogue``: ``torch._addmm_activation(b, x, W^T, use_gelu=True)``, eager and compiled;
 
+- the epilogue GEMM over 2 or 4 row blocks of ``x`` (cuBLASLt's heuristics choose the kernel by shape);
 - ``mm, no bias or GELU``: the same product alone, the ceiling the epilogue kernel is measured against;
 
 and prints which GELU the epilogue computes (its distance from the tanh form and from the exact form; on CPU
@@ -45,6 +46,15 @@ def linear_gelu(x, w, b):
 
 def addmm_gelu(x, w, b):
     return torch._addmm_activation(b, x, w.t(), use_gelu=True)
+
+
+def addmm_gelu_chunked(x, w, b, chunks: int):
+    """The epilogue GEMM over ``chunks`` row blocks of ``x``, written into one output: cuBLASLt picks its kernel
+    by shape, so a smaller M can get another tile or cluster shape."""
+    out = x.new_empty(x.shape[0], w.shape[0])
+    for rows, dst in zip(x.chunk(chunks), out.chunk(chunks)):
+        torch._addmm_activation(b, rows, w.t(), use_gelu=True, out=dst)
+    return out
 
 
 def mm_only(x, w, b):
@@ -120,6 +130,8 @@ def main(argv=None) -> int:
             "linear + gelu, compiled": lambda x=x: compiled["linear + gelu"](x, wb, bb),
             "addmm + GELU epilogue, eager": lambda x=x: addmm_gelu(x, wb, bb),
             "addmm + GELU epilogue, compiled": lambda x=x: compiled["addmm + GELU epilogue"](x, wb, bb),
+            "addmm + GELU epilogue, M in 2 chunks": lambda x=x: addmm_gelu_chunked(x, wb, bb, 2),
+            "addmm + GELU epilogue, M in 4 chunks": lambda x=x: addmm_gelu_chunked(x, wb, bb, 4),
             "mm, no bias or GELU": lambda x=x: mm_only(x, wb, bb),
         }
         ms = {name: median_time(fn, device, 3, args.iters) * 1e3 for name, fn in rows.items()}
