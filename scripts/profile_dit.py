@@ -107,17 +107,19 @@ def profile_step(fn, label: str, top: int) -> str:
     busy = busy_ms(intervals)
     idle = wall_ms - busy
     head = f"{label}: wall {wall_ms:.1f} ms, GPU busy {busy:.1f} ms ({busy / wall_ms:.1%}), idle {idle:.1f} ms"
-    return head + "\n" + report(label, kernel_rows(prof, 1), top)
+    return head + "\n" + report(label, kernel_rows(prof, 1), top, per="step")
 
 
-def report(name: str, rows: list[tuple[str, float, int]], top: int) -> str:
+def report(name: str, rows: list[tuple[str, float, int]], top: int, per: str = "forward") -> str:
+    """The kernel table of ``rows`` (from :func:`kernel_rows`): sums by kind, then the ``top`` kernels, in ms per
+    ``per`` (what one profiled call is: a forward, or a training step)."""
     total = sum(r[1] for r in rows)
     by_kind: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])
     for key, ms, calls in rows:
         k = by_kind[kind_of(key)]
         k[0] += ms
         k[1] += calls
-    lines = [f"== {name}: {total:.1f} ms of kernels per forward", f"{'kind':<14}{'ms':>9}{'share':>8}{'kernels':>9}"]
+    lines = [f"== {name}: {total:.1f} ms of kernels per {per}", f"{'kind':<14}{'ms':>9}{'share':>8}{'kernels':>9}"]
     for kind, (ms, calls) in sorted(by_kind.items(), key=lambda kv: -kv[1][0]):
         lines.append(f"{kind:<14}{ms:9.2f}{ms / total:8.1%}{calls:9d}")
     lines.append(f"top {top} kernels:")

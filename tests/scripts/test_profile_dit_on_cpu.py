@@ -36,6 +36,8 @@ def test_report_sums_per_kind_by_hand(profile_dit):
     assert lines[3].split() == ["attention", "3.00", "30.0%", "2"]
     assert lines[4].split() == ["elementwise", "1.00", "10.0%", "1"]
     assert lines[5] == "top 2 kernels:" and len(lines) == 8 and "nvjet_gemm_a" in lines[6]
+    # A training step's profile says what one profiled call was.
+    assert profile_dit.report("step", rows, top=2, per="step").splitlines()[0] == "== step: 10.0 ms of kernels per step"
 
 
 def test_forward_inputs_drive_both_models_at_tiny_size(profile_dit):
