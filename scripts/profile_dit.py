@@ -143,7 +143,17 @@ def main(argv=None) -> int:
         help="our context attends to only this many text positions (a padded instruction); default: all",
     )
     p.add_argument("--compiled-only", action="store_true", help="with --compile, skip the eager profiles")
+    p.add_argument(
+        "--attention",
+        default="default",
+        help="our model's attention kernel family (verl_omni.models.wnm.attention.ATTENTION_BACKENDS; fa4 needs "
+        "the flash-attn-4 package); the anchor keeps its default",
+    )
     args = p.parse_args(argv)
+    from verl_omni.models.wnm.attention import ATTENTION_BACKENDS
+
+    if args.attention not in ATTENTION_BACKENDS:
+        p.error(f"--attention must be one of {', '.join(ATTENTION_BACKENDS)}, got {args.attention!r}")
     if args.compiled_only and not args.compile:
         p.error("--compiled-only needs --compile")
     if not torch.cuda.is_available():
@@ -154,6 +164,7 @@ def main(argv=None) -> int:
     cfg = WNMConfig.from_size(args.size)
     b = args.batch
     ours = build_ours(cfg, device, dtype)
+    ours.attention_backend = args.attention
     anchor = wan_anchor(cfg, device, dtype, text_dim=cfg.text_dim)
     if args.text_valid is not None and not 1 <= args.text_valid <= cfg.text_max_length:
         p.error(f"--text-valid must be in [1, {cfg.text_max_length}] for size {args.size}, got {args.text_valid}")
@@ -172,7 +183,8 @@ def main(argv=None) -> int:
     print(
         f"ours: {cfg.history_tokens}+{cfg.target_tokens}+{cfg.action_steps} tokens, context {cfg.context_tokens}"
         f"{'' if args.text_valid is None else f' ({args.text_valid} text positions attended)'}; "
-        f"anchor: {cfg.history_tokens + cfg.target_tokens} tokens, text {args.text_tokens}",
+        f"anchor: {cfg.history_tokens + cfg.target_tokens} tokens, text {args.text_tokens}; "
+        f"our attention: {args.attention}",
         flush=True,
     )
     if not args.compiled_only:

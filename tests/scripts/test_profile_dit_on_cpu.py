@@ -90,3 +90,14 @@ def test_kernel_rows_divide_by_calls_and_drop_host_only_events(profile_dit):
             ]
 
     assert profile_dit.kernel_rows(Profile(), 2) == [("flash_fprop", 4.0, 2), ("nvjet_gemm", 3.0, 10)]
+
+
+def test_attention_option_names_the_known_backends(profile_dit, capsys):
+    import pytest
+
+    with pytest.raises(SystemExit) as exc:
+        profile_dit.main(["--attention", "flash9"])
+    assert exc.value.code == 2
+    assert "--attention must be one of default, cudnn, fa4, got 'flash9'" in capsys.readouterr().err
+    with pytest.raises(SystemExit, match="needs a CUDA device"):  # a known backend passes on to the device check
+        profile_dit.main(["--attention", "fa4"])
