@@ -8,7 +8,6 @@ epilogue. This script times, in one process at the DiT's shapes (bf16, CUDA), me
 
 - ``linear + gelu``: ``F.gelu(F.linear(x, W, b), approximate="tanh")``, eager and compiled (what the block runs);
 - ``addmm + GELU epilogue``: ``torch._addmm_activation(b, x, W^T, use_gelu=True)``, eager and compiled;
-
 - the epilogue GEMM over 2 or 4 row blocks of ``x`` (cuBLASLt's heuristics choose the kernel by shape);
 - ``mm, no bias or GELU``: the same product alone, the ceiling the epilogue kernel is measured against;
 
