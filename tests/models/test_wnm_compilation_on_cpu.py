@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import torch
 from wnm_inputs import random_dit_inputs
 
@@ -31,8 +33,6 @@ def test_activation_memory_budget_sets_pytorchs_partitioner_setting_returns_the_
 
 
 def test_a_memory_budget_counts_cudnn_attention_as_compute_intensive_once(monkeypatch):
-    from types import SimpleNamespace
-
     import torch._functorch.config as functorch_config
     from torch._functorch import partitioners
 
@@ -41,8 +41,17 @@ def test_a_memory_budget_counts_cudnn_attention_as_compute_intensive_once(monkey
     # PyTorch's own function (an earlier test in this process may have set a budget already), restored after.
     own = partitioners.get_default_op_list
     monkeypatch.setattr(partitioners, "get_default_op_list", getattr(own, "__wrapped__", own))
-    monkeypatch.setattr(functorch_config, "activation_memory_budget", functorch_config.activation_memory_budget)
-    monkeypatch.setattr(functorch_config, "is_non_builtin_to_include", functorch_config.is_non_builtin_to_include)
+    # Not monkeypatch for PyTorch's config module: pytest's undo deletes an attribute it did not find in the
+    # instance __dict__, and deleting a torch config entry hides it for the rest of the process. Its own patch()
+    # restores the values.
+    with functorch_config.patch(
+        activation_memory_budget=functorch_config.activation_memory_budget,
+        is_non_builtin_to_include=functorch_config.is_non_builtin_to_include,
+    ):
+        _check_cudnn_attention_counts_once(partitioners, compilation, own)
+
+
+def _check_cudnn_attention_counts_once(partitioners, compilation, own):
     aten = torch.ops.aten
     cudnn = SimpleNamespace(target=aten._scaled_dot_product_cudnn_attention.default)
     flash = SimpleNamespace(target=aten._scaled_dot_product_flash_attention.default)
