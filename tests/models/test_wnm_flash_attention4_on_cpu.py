@@ -54,10 +54,11 @@ def _double_bwd(q, k, v, out, dout, lse, softmax_scale=None, causal=False, **unu
 
 @pytest.fixture
 def kernel_double(monkeypatch):
-    calls = {"fwd": 0, "bwd": 0}
+    calls = {"fwd": 0, "bwd": 0, "tiles": []}
 
-    def fwd(*a, **kw):
+    def fwd(*a, tile_mn=None, **kw):
         calls["fwd"] += 1
+        calls["tiles"].append(tile_mn)
         return _double_fwd(*a, **kw)
 
     def bwd(*a, **kw):
@@ -99,7 +100,7 @@ def test_output_and_gradients_equal_sdpa_with_the_default_scale(kernel_double):
     want = torch.autograd.grad(ref, (ref_q, ref_k, ref_v), grad)
     for g, w in zip(got, want, strict=True):  # the log-sum-exp travels as float32, as the kernel stores it
         torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-6)
-    assert kernel_double == {"fwd": 1, "bwd": 1}
+    assert kernel_double == {"fwd": 1, "bwd": 1, "tiles": [None]}  # no tile asked for: the library's choice
 
 
 def test_torch_compile_fullgraph_keeps_the_op(kernel_double):
@@ -119,6 +120,45 @@ def test_torch_compile_fullgraph_keeps_the_op(kernel_double):
     assert kernel_double["fwd"] >= 2 and kernel_double["bwd"] >= 2
 
 
+@pytest.mark.parametrize(
+    ("text", "tile"),
+    [("128x160", (128, 160)), (" 192X128 ", (192, 128)), ("64x16", (64, 16)), ("", None), ("default", None)],
+)
+def test_parse_forward_tile(text, tile):
+    assert fa4.parse_forward_tile(text) == tile
+
+
+@pytest.mark.parametrize("text", ["128", "128x", "x160", "96x128", "128x100", "128x0", "128x-16", "axb"])
+def test_parse_forward_tile_refuses_what_the_kernel_cannot_take(text):
+    with pytest.raises(ValueError, match="forward tile .*expected MxN"):
+        fa4.parse_forward_tile(text)
+
+
+def test_forward_tile_reaches_the_forward_kernel_only(kernel_double, monkeypatch):
+    q, k, v = (t.requires_grad_() for t in _qkv(seed=5))
+    ref = fa4.fa4_attention(q, k, v)
+    ref_grads = torch.autograd.grad(ref.sum(), (q, k, v))
+    monkeypatch.setattr(fa4, "FORWARD_TILE", (128, 160))
+    out = fa4.fa4_attention(q, k, v)
+    grads = torch.autograd.grad(out.sum(), (q, k, v))
+    assert kernel_double["tiles"] == [None, (128, 160)]  # the backward takes no tile (it has its own)
+    torch.testing.assert_close(out, ref, rtol=0, atol=0)  # the double ignores tiles: the plumbing changes nothing
+    for g, w in zip(grads, ref_grads, strict=True):
+        torch.testing.assert_close(g, w, rtol=0, atol=0)
+
+
+def test_compiled_call_recompiles_when_the_forward_tile_changes(kernel_double, monkeypatch):
+    # The tile is read while tracing, so a compiled caller must not keep running a graph traced with another one.
+    q, k, v = _qkv(seed=6)
+    compiled = torch.compile(lambda q, k, v: fa4.fa4_attention(q, k, v), fullgraph=True, backend="aot_eager")
+    compiled(q, k, v)
+    monkeypatch.setattr(fa4, "FORWARD_TILE", (128, 176))
+    compiled(q, k, v)
+    monkeypatch.setattr(fa4, "FORWARD_TILE", None)
+    compiled(q, k, v)
+    assert kernel_double["tiles"] == [None, (128, 176), None]
+
+
 def _tiny_model():
     torch.manual_seed(0)
     cfg = WNMConfig.from_size("tiny")
@@ -135,7 +175,7 @@ def test_model_falls_back_to_the_default_kernel_off_gpu(kernel_double):
     with torch.no_grad():
         for g, r in zip(m(*inputs), model(*inputs), strict=True):
             assert torch.equal(g, r)
-    assert kernel_double == {"fwd": 0, "bwd": 0}
+    assert kernel_double == {"fwd": 0, "bwd": 0, "tiles": []}
 
 
 @pytest.mark.parametrize("backend", ["fa4", "cudnn", "default"])

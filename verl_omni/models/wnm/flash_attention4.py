@@ -15,6 +15,7 @@ costs nothing where it is not installed.
 from __future__ import annotations
 
 import math
+import os
 import warnings
 
 import torch
@@ -24,6 +25,38 @@ FA4_INSTALL_HINT = (
     "attention_backend 'fa4' needs FlashAttention-4 on a Hopper or Blackwell GPU: pip install flash-attn-4 "
     "'nvidia-cutlass-dsl[cu13]' (the cu13 extra for a CUDA 13 torch)"
 )
+
+
+# FlashAttention-4 picks its forward tile (queries x keys a CTA handles) from the head dimension alone; on Hopper at
+# head_dim 128 that is 128 x 128. A (tile_m, tile_n) here asks for another one, e.g. (128, 160): 4640 keys are 29
+# whole tiles of 160 but 36.25 of 128. None keeps the library's choice. Set from WAM_FA4_FORWARD_TILE ("128x160")
+# at import, or assigned by a benchmark; it is read while a graph is traced, so torch.compile guards on it.
+FORWARD_TILE: tuple[int, int] | None = None
+
+
+def parse_forward_tile(text: str) -> tuple[int, int] | None:
+    """``"128x160"`` -> ``(128, 160)``; ``""`` or ``"default"`` -> None (FlashAttention-4's own choice).
+
+    Raises:
+        ValueError: naming the text when it is not ``MxN`` with M in 64/128/192 and N a positive multiple of 16
+            (the shapes FlashAttention-4's Hopper forward accepts for its two matrix products).
+    """
+    text = text.strip().lower()
+    if text in ("", "default"):
+        return None
+    m, _, n = text.partition("x")
+    if not (m.isdigit() and n.isdigit()) or int(m) not in (64, 128, 192) or int(n) < 16 or int(n) % 16:
+        raise ValueError(
+            f"forward tile {text!r}: expected MxN with M one of 64, 128, 192 and N a positive multiple of 16 "
+            "(e.g. 128x160), or 'default'"
+        )
+    return int(m), int(n)
+
+
+try:
+    FORWARD_TILE = parse_forward_tile(os.environ.get("WAM_FA4_FORWARD_TILE", ""))
+except ValueError as e:
+    raise ValueError(f"environment variable WAM_FA4_FORWARD_TILE: {e}") from None
 
 
 def fa4_available() -> bool:
@@ -50,9 +83,11 @@ def _interface():
 
 @torch.library.custom_op("wnm::fa4_attention", mutates_args=())
 def fa4_attention_with_lse(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_scale: float
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_scale: float, tile_m: int = 0, tile_n: int = 0
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Non-causal, unmasked attention of ``q [B, S, H, Dh]`` over ``k, v [B, L, H, Dh]`` (bf16 or fp16, CUDA).
+
+    ``tile_m, tile_n``: the forward kernel's tile (see :data:`FORWARD_TILE`); 0, 0 keeps FlashAttention-4's choice.
 
     Returns:
         ``(out [B, S, H, Dh] in q's dtype, lse [B, H, S] float32)``: the output and each query's log-sum-exp
@@ -60,14 +95,16 @@ def fa4_attention_with_lse(
     """
     # The kernel needs dense inputs. The block's q/k/v (projection outputs viewed as heads) already are, so these
     # calls copy nothing there; a caller with strided inputs pays one copy each.
+    tile = {"tile_mn": (tile_m, tile_n)} if tile_m and tile_n else {}
     out, lse, *_ = _interface()._flash_attn_fwd(
-        q.contiguous(), k.contiguous(), v.contiguous(), softmax_scale=softmax_scale, causal=False, return_lse=True
-    )
+        q.contiguous(), k.contiguous(), v.contiguous(), softmax_scale=softmax_scale, causal=False, return_lse=True,
+        **tile,
+    )  # fmt: skip
     return out, lse
 
 
 @fa4_attention_with_lse.register_fake
-def _fa4_attention_fake(q, k, v, softmax_scale):
+def _fa4_attention_fake(q, k, v, softmax_scale, tile_m=0, tile_n=0):
     b, s, h, _ = q.shape
     return q.new_empty(b, s, h, v.shape[-1]), q.new_empty(b, h, s, dtype=torch.float32)
 
@@ -114,7 +151,7 @@ def _fa4_attention_backward_fake(grad_out, q, k, v, out, lse, softmax_scale):
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, softmax_scale = inputs
+    q, k, v, softmax_scale, _tile_m, _tile_n = inputs
     out, lse = output
     ctx.save_for_backward(q, k, v, out, lse)
     ctx.softmax_scale = softmax_scale
@@ -124,7 +161,7 @@ def _backward(ctx, grad_out, grad_lse):
     # The log-sum-exp is an auxiliary output our callers never differentiate; its gradient is ignored.
     q, k, v, out, lse = ctx.saved_tensors
     dq, dk, dv = fa4_attention_backward(grad_out, q, k, v, out, lse, ctx.softmax_scale)
-    return dq, dk, dv, None
+    return dq, dk, dv, None, None, None
 
 
 fa4_attention_with_lse.register_autograd(_backward, setup_context=_setup_context)
@@ -132,8 +169,9 @@ fa4_attention_with_lse.register_autograd(_backward, setup_context=_setup_context
 
 def fa4_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     """Attention of ``q [B, S, H, Dh]`` over ``k, v [B, L, H, Dh]`` -> ``[B, S, H, Dh]``, scale ``1/sqrt(Dh)``
-    (``F.scaled_dot_product_attention``'s default), by FlashAttention-4."""
-    return fa4_attention_with_lse(q, k, v, 1.0 / math.sqrt(q.shape[-1]))[0]
+    (``F.scaled_dot_product_attention``'s default), by FlashAttention-4 with the forward tile :data:`FORWARD_TILE`."""
+    tile_m, tile_n = FORWARD_TILE or (0, 0)
+    return fa4_attention_with_lse(q, k, v, 1.0 / math.sqrt(q.shape[-1]), tile_m, tile_n)[0]
 
 
 def _heads_first(shape) -> tuple[int, int, int, int]:
