@@ -65,6 +65,11 @@ def stacked_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
     return torch.stack([even * c - odd * s, even * s + odd * c], dim=-1).flatten(-2).type_as(x)
 
 
+def tile_name(tile) -> str:
+    """A FlashAttention-4 forward tile as given to ``--fa4-tiles``: ``(128, 160)`` -> ``128x160``, ``fit`` as is."""
+    return tile if isinstance(tile, str) else f"{tile[0]}x{tile[1]}"
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--size", default="wan2.1-1.3b")
@@ -82,7 +87,8 @@ def main(argv=None) -> int:
         "--fa4-tiles",
         default="",
         help="with --fa4: comma-separated FlashAttention-4 forward tiles MxN (e.g. 128x160,128x176); each adds rows "
-        "of our FA4 model run with that tile (flash_attention4.FORWARD_TILE) instead of the library's choice",
+        "of our FA4 model run with that tile (flash_attention4.FORWARD_TILE) instead of the library's choice; 'fit' "
+        "picks per call the tile width that pads the key count least",
     )
     p.add_argument(
         "--text-valid",
@@ -339,8 +345,8 @@ def main(argv=None) -> int:
             for tile in fa4_tiles:
                 with torch.no_grad():
                     v_tile = run_ours(True, True, attention="fa4", fa4_tile=tile)[0].float()
-                diffs[f"FA4 tile {tile[0]}x{tile[1]} vs FA4"] = float((v_tile - v_fa4).norm() / v_fa4.norm())
-                entries[f"WNM eager, FA4 tile {tile[0]}x{tile[1]}"] = lambda f=run_ours, tile=tile: f(
+                diffs[f"FA4 tile {tile_name(tile)} vs FA4"] = float((v_tile - v_fa4).norm() / v_fa4.norm())
+                entries[f"WNM eager, FA4 tile {tile_name(tile)}"] = lambda f=run_ours, tile=tile: f(
                     True, True, attention="fa4", fa4_tile=tile
                 )
             if args.compiled:
@@ -360,7 +366,7 @@ def main(argv=None) -> int:
                     True, True, True, ours_compiled, attention="fa4", defer=False, add_norm_kernel=False
                 )
                 for tile in fa4_tiles:
-                    entries[f"WNM compiled, FA4 tile {tile[0]}x{tile[1]}"] = lambda f=run_ours, tile=tile: f(
+                    entries[f"WNM compiled, FA4 tile {tile_name(tile)}"] = lambda f=run_ours, tile=tile: f(
                         True, True, True, ours_compiled, attention="fa4", fa4_tile=tile
                     )
                 if ours_multi is not None:

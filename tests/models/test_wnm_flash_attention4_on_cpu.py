@@ -147,6 +147,28 @@ def test_forward_tile_reaches_the_forward_kernel_only(kernel_double, monkeypatch
         torch.testing.assert_close(g, w, rtol=0, atol=0)
 
 
+@pytest.mark.parametrize(
+    ("keys", "tile_n"),
+    [
+        # padded key counts by hand, widths 128 / 144 / 160 / 176 / 192:
+        (4640, 160),  # 4736 / 4752 / 4640 / 4752 / 4800: 160 divides it (29 tiles)
+        (545, 144),  # 640 / 576 / 640 / 704 / 576: 144 and 192 tie at 576, the first wins
+        (4608, 128),  # 4608 / 4608 / 4640 / 4752 / 4608: three exact, the first wins
+        (100, 128),  # one tile of any width; 128 pads least
+        (300, 160),  # 384 / 432 / 320 / 352 / 384
+    ],
+)
+def test_fit_tile_n_pads_the_key_count_least(keys, tile_n):
+    assert fa4.fit_tile_n(keys) == tile_n
+
+
+def test_fit_picks_each_calls_tile_from_its_key_count(kernel_double, monkeypatch):
+    monkeypatch.setattr(fa4, "FORWARD_TILE", "fit")
+    for length in (300, 545):
+        fa4.fa4_attention(*_qkv(b=1, s=4, length=length, h=1, d=4))
+    assert kernel_double["tiles"] == [(128, 160), (128, 144)]
+
+
 def test_compiled_call_recompiles_when_the_forward_tile_changes(kernel_double, monkeypatch):
     # The tile is read while tracing, so a compiled caller must not keep running a graph traced with another one.
     q, k, v = _qkv(seed=6)

@@ -28,27 +28,44 @@ FA4_INSTALL_HINT = (
 
 
 # FlashAttention-4 picks its forward tile (queries x keys a CTA handles) from the head dimension alone; on Hopper at
-# head_dim 128 that is 128 x 128. A (tile_m, tile_n) here asks for another one, e.g. (128, 160): 4640 keys are 29
-# whole tiles of 160 but 36.25 of 128. None keeps the library's choice. Set from WAM_FA4_FORWARD_TILE ("128x160")
-# at import, or assigned by a benchmark; it is read while a graph is traced, so torch.compile guards on it.
-FORWARD_TILE: tuple[int, int] | None = None
+# head_dim 128 that is 128 x 128, and a key count that is not a multiple of 128 is paid for up to the next one (4640
+# keys cost 4736; 545 context keys cost 640). FORWARD_TILE asks for another tile:
+# - (tile_m, tile_n), e.g. (128, 160), for every call;
+# - "fit": tile_m 128 and, per call, the tile_n of FIT_TILE_NS that pads the call's key count least (4640 keys: 160,
+#   29 whole tiles; 545 keys: 144, 4 tiles of 576), see fit_tile_n;
+# - None: the library's choice.
+# Set from WAM_FA4_FORWARD_TILE ("128x160", "fit" or "default") at import, or assigned by a benchmark. It is read
+# while a graph is traced, so torch.compile guards on it and retraces when it changes.
+FORWARD_TILE: tuple[int, int] | str | None = None
+FIT_TILE_NS = (128, 144, 160, 176, 192)
 
 
-def parse_forward_tile(text: str) -> tuple[int, int] | None:
-    """``"128x160"`` -> ``(128, 160)``; ``""`` or ``"default"`` -> None (FlashAttention-4's own choice).
+def fit_tile_n(keys: int, candidates: tuple[int, ...] = FIT_TILE_NS) -> int:
+    """The tile width of ``candidates`` whose whole tiles cover ``keys`` with the least padding (ties: the first).
+
+    >>> fit_tile_n(4640), fit_tile_n(545), fit_tile_n(4608)
+    (160, 144, 128)
+    """
+    return min(candidates, key=lambda n: -(-keys // n) * n - keys)
+
+
+def parse_forward_tile(text: str) -> tuple[int, int] | str | None:
+    """``"128x160"`` -> ``(128, 160)``; ``"fit"`` -> ``"fit"``; ``""`` or ``"default"`` -> None (the library's).
 
     Raises:
-        ValueError: naming the text when it is not ``MxN`` with M in 64/128/192 and N a positive multiple of 16
-            (the shapes FlashAttention-4's Hopper forward accepts for its two matrix products).
+        ValueError: naming the text when it is not one of those, or ``MxN`` with M not in 64/128/192 or N not a
+            positive multiple of 16 (the shapes FlashAttention-4's Hopper forward accepts for its two products).
     """
     text = text.strip().lower()
     if text in ("", "default"):
         return None
+    if text == "fit":
+        return "fit"
     m, _, n = text.partition("x")
     if not (m.isdigit() and n.isdigit()) or int(m) not in (64, 128, 192) or int(n) < 16 or int(n) % 16:
         raise ValueError(
             f"forward tile {text!r}: expected MxN with M one of 64, 128, 192 and N a positive multiple of 16 "
-            "(e.g. 128x160), or 'default'"
+            "(e.g. 128x160), 'fit' or 'default'"
         )
     return int(m), int(n)
 
@@ -170,7 +187,10 @@ fa4_attention_with_lse.register_autograd(_backward, setup_context=_setup_context
 def fa4_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     """Attention of ``q [B, S, H, Dh]`` over ``k, v [B, L, H, Dh]`` -> ``[B, S, H, Dh]``, scale ``1/sqrt(Dh)``
     (``F.scaled_dot_product_attention``'s default), by FlashAttention-4 with the forward tile :data:`FORWARD_TILE`."""
-    tile_m, tile_n = FORWARD_TILE or (0, 0)
+    if FORWARD_TILE == "fit":
+        tile_m, tile_n = 128, fit_tile_n(k.shape[1])
+    else:
+        tile_m, tile_n = FORWARD_TILE or (0, 0)
     return fa4_attention_with_lse(q, k, v, 1.0 / math.sqrt(q.shape[-1]), tile_m, tile_n)[0]
 
 
