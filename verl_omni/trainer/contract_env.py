@@ -124,6 +124,20 @@ def check_attention_backend(env: Mapping[str, str], s: Settings, report: Report)
 
         if not fa4_available():
             report.fail(name, f"{name}=fa4 but FlashAttention-4 does not import here: {FA4_INSTALL_HINT}")
+    check_fa4_forward_tile(env, report)
+
+
+def check_fa4_forward_tile(env: Mapping[str, str], report: Report) -> None:
+    """``WAM_FA4_FORWARD_TILE``: empty, ``default``, ``fit`` or ``MxN``. Every process that imports the DiT's
+    FlashAttention-4 op reads it (actor, rollout and vLLM-Omni workers alike), and a bad value would stop each of
+    them at import, after Ray has started."""
+    from verl_omni.models.wnm.flash_attention4 import parse_forward_tile
+
+    name = "WAM_FA4_FORWARD_TILE"
+    try:
+        parse_forward_tile(env.get(name, ""))
+    except ValueError as e:
+        report.fail(name, f"{name}: {e}")
 
 
 def check_environment(env: Mapping[str, str], report: Report, paths_env: str) -> Settings:
