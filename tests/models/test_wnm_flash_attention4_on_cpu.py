@@ -165,8 +165,15 @@ def test_fit_tile_n_pads_the_key_count_least(keys, tile_n):
 def test_fit_picks_each_calls_tile_from_its_key_count(kernel_double, monkeypatch):
     monkeypatch.setattr(fa4, "FORWARD_TILE", "fit")
     for length in (300, 545):
-        fa4.fa4_attention(*_qkv(b=1, s=4, length=length, h=1, d=4))
+        fa4.fa4_attention(*_qkv(b=1, s=4, length=length, h=1, d=128))
     assert kernel_double["tiles"] == [(128, 160), (128, 144)]
+
+
+def test_fit_keeps_the_librarys_tile_at_other_head_dims(kernel_double, monkeypatch):
+    # FIT_TILE_NS are the widths feasible at head_dim 128 only; elsewhere the library's choice (no tile passed).
+    monkeypatch.setattr(fa4, "FORWARD_TILE", "fit")
+    fa4.fa4_attention(*_qkv(b=1, s=4, length=300, h=1, d=64))
+    assert kernel_double["tiles"] == [None]
 
 
 def test_compiled_call_recompiles_when_the_forward_tile_changes(kernel_double, monkeypatch):

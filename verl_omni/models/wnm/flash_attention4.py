@@ -32,7 +32,10 @@ FA4_INSTALL_HINT = (
 # keys cost 4736; 545 context keys cost 640). FORWARD_TILE asks for another tile:
 # - (tile_m, tile_n), e.g. (128, 160), for every call;
 # - "fit": tile_m 128 and, per call, the tile_n of FIT_TILE_NS that pads the call's key count least (4640 keys: 160,
-#   29 whole tiles; 545 keys: 144, 4 tiles of 576), see fit_tile_n;
+#   29 whole tiles; 545 keys: 144, 4 tiles of 576), see fit_tile_n. FIT_TILE_NS are the widths that FlashAttention-4's
+#   own search of Hopper forward configs (flash_attn/cute/sm90_config_search.py, 4.0.0b40) finds feasible at
+#   head_dim 128 with the register-held P and the intra-warpgroup overlap that a requested tile gets (shared memory
+#   160-224 KiB); at other head dims "fit" keeps the library's tile;
 # - None: the library's choice.
 # Set from WAM_FA4_FORWARD_TILE ("128x160", "fit" or "default") at import, or assigned by a benchmark. It is read
 # while a graph is traced, so torch.compile guards on it and retraces when it changes.
@@ -188,7 +191,7 @@ def fa4_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Te
     """Attention of ``q [B, S, H, Dh]`` over ``k, v [B, L, H, Dh]`` -> ``[B, S, H, Dh]``, scale ``1/sqrt(Dh)``
     (``F.scaled_dot_product_attention``'s default), by FlashAttention-4 with the forward tile :data:`FORWARD_TILE`."""
     if FORWARD_TILE == "fit":
-        tile_m, tile_n = 128, fit_tile_n(k.shape[1])
+        tile_m, tile_n = (128, fit_tile_n(k.shape[1])) if q.shape[-1] == 128 else (0, 0)
     else:
         tile_m, tile_n = FORWARD_TILE or (0, 0)
     return fa4_attention_with_lse(q, k, v, 1.0 / math.sqrt(q.shape[-1]), tile_m, tile_n)[0]
