@@ -97,6 +97,9 @@ def main(argv=None) -> int:
     p.add_argument("--blas-library", choices=("cublas", "cublaslt"), default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     settings = [parse_setting(item) for item in args.settings.split(",") if item]
+    batches = [v.strip() for v in args.batches.split(",") if v.strip()]
+    if not batches or not all(v.isdigit() and int(v) > 0 for v in batches):
+        p.error(f"--batches must be comma-separated positive integers (e.g. 4,16), got {args.batches!r}")
     if not torch.cuda.is_available():
         raise SystemExit("bench_gelu_epilogue.py needs a CUDA device")
     if args.blas_library:
@@ -122,7 +125,7 @@ def main(argv=None) -> int:
     print(f"dim {dim}, ffn {ffn}, {seq} tokens a sample, {torch.__version__}, {torch.cuda.get_device_name(device)}")
     print(f"cuBLAS settings: {chosen or 'defaults'}, preferred library {library}")
     print(f"{'batch':>5}  {'variant':<36}{'ms':>8}{'TFLOP/s':>9}{'x eager linear+gelu':>21}")
-    for batch in (int(v) for v in args.batches.split(",")):
+    for batch in (int(v) for v in batches):
         x = torch.randn(batch * seq, dim, device=device, generator=g, dtype=torch.bfloat16)
         rows = {
             "linear + gelu, eager": lambda x=x: linear_gelu(x, wb, bb),

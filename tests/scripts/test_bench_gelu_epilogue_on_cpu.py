@@ -50,3 +50,12 @@ def test_without_cuda_it_says_so(bench):
         bench.main(["--settings", "lt-ws=1024"])
     with pytest.raises(SystemExit, match="--settings: 'nope=1'"):  # settings are checked first
         bench.main(["--settings", "nope=1"])
+
+
+@pytest.mark.parametrize("batches", ["", "4,x", "0", "4,-16"])
+def test_bad_batches_are_refused_before_anything_runs(bench, batches, capsys):
+    with pytest.raises(SystemExit):
+        bench.main(["--batches", batches])
+    assert (
+        f"--batches must be comma-separated positive integers (e.g. 4,16), got {batches!r}" in capsys.readouterr().err
+    )
