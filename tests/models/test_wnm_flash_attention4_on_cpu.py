@@ -306,3 +306,13 @@ def test_memory_budget_keeps_the_attention_output_once_custom_ops_are_weighed(we
         functorch_config.activation_memory_budget, functorch_config.is_non_builtin_to_include = saved
     recomputed = [n for n in graphs["bw"].graph.nodes if n.target is torch.ops.wnm.fa4_attention.default]
     assert len(recomputed) == (0 if weigh_custom_ops else 1)
+
+
+def test_fit_under_dynamic_shapes_picks_each_lengths_tile(kernel_double, monkeypatch):
+    # compile_blocks leaves dynamo's automatic dynamic shapes on, so a block seen at a second length is traced with
+    # a symbolic key count; "fit" must still hand each call the tile of its own length.
+    monkeypatch.setattr(fa4, "FORWARD_TILE", "fit")
+    compiled = torch.compile(lambda q, k, v: fa4.fa4_attention(q, k, v), dynamic=True, backend="aot_eager")
+    for length in (300, 545, 4640):
+        compiled(*_qkv(b=1, s=4, length=length, h=1, d=128))
+    assert kernel_double["tiles"] == [(128, 160), (128, 144), (128, 160)]
