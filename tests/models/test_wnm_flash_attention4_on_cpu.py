@@ -120,20 +120,6 @@ def test_torch_compile_fullgraph_keeps_the_op(kernel_double):
     assert kernel_double["fwd"] >= 2 and kernel_double["bwd"] >= 2
 
 
-@pytest.mark.parametrize(
-    ("text", "tile"),
-    [("128x160", (128, 160)), (" 192X128 ", (192, 128)), ("64x16", (64, 16)), ("", None), ("default", None)],
-)
-def test_parse_forward_tile(text, tile):
-    assert fa4.parse_forward_tile(text) == tile
-
-
-@pytest.mark.parametrize("text", ["128", "128x", "x160", "96x128", "128x100", "128x0", "128x-16", "axb"])
-def test_parse_forward_tile_refuses_what_the_kernel_cannot_take(text):
-    with pytest.raises(ValueError, match="forward tile .*expected MxN"):
-        fa4.parse_forward_tile(text)
-
-
 def test_forward_tile_reaches_the_forward_kernel_only(kernel_double, monkeypatch):
     q, k, v = (t.requires_grad_() for t in _qkv(seed=5))
     ref = fa4.fa4_attention(q, k, v)
@@ -145,21 +131,6 @@ def test_forward_tile_reaches_the_forward_kernel_only(kernel_double, monkeypatch
     torch.testing.assert_close(out, ref, rtol=0, atol=0)  # the double ignores tiles: the plumbing changes nothing
     for g, w in zip(grads, ref_grads, strict=True):
         torch.testing.assert_close(g, w, rtol=0, atol=0)
-
-
-@pytest.mark.parametrize(
-    ("keys", "tile_n"),
-    [
-        # padded key counts by hand, widths 128 / 144 / 160 / 176 / 192:
-        (4640, 160),  # 4736 / 4752 / 4640 / 4752 / 4800: 160 divides it (29 tiles)
-        (545, 144),  # 640 / 576 / 640 / 704 / 576: 144 and 192 tie at 576, the first wins
-        (4608, 128),  # 4608 / 4608 / 4640 / 4752 / 4608: three exact, the first wins
-        (100, 128),  # one tile of any width; 128 pads least
-        (300, 160),  # 384 / 432 / 320 / 352 / 384
-    ],
-)
-def test_fit_tile_n_pads_the_key_count_least(keys, tile_n):
-    assert fa4.fit_tile_n(keys) == tile_n
 
 
 def test_fit_picks_each_calls_tile_from_its_key_count(kernel_double, monkeypatch):

@@ -106,13 +106,16 @@ class Settings:
 
 def check_attention_backend(env: Mapping[str, str], s: Settings, report: Report) -> None:
     """``WAM_ATTENTION_BACKEND``: a known kernel family, and for ``fa4`` on GPUs an importable FlashAttention-4 (a
-    missing package would otherwise fail in every actor worker after Ray has started).
+    missing package would otherwise fail in every actor worker after Ray has started); and ``WAM_FA4_FORWARD_TILE``.
 
     GPUs are assumed unless ``WAM_GPUS_PER_NODE`` is 0: an empty value means "detect at launch", and the node the
     job runs on usually has GPUs where the login node checking the contract has none.
     """
     from verl_omni.trainer.config import ATTENTION_BACKEND_NAMES
 
+    if not check_fa4_forward_tile(env, report):
+        # The op's module reads the tile when imported and stops on a bad one, so it is not imported below.
+        return
     name = "WAM_ATTENTION_BACKEND"
     value = env.get(name, "").strip() or "default"
     if value not in ATTENTION_BACKEND_NAMES:
@@ -124,20 +127,20 @@ def check_attention_backend(env: Mapping[str, str], s: Settings, report: Report)
 
         if not fa4_available():
             report.fail(name, f"{name}=fa4 but FlashAttention-4 does not import here: {FA4_INSTALL_HINT}")
-    check_fa4_forward_tile(env, report)
 
 
-def check_fa4_forward_tile(env: Mapping[str, str], report: Report) -> None:
-    """``WAM_FA4_FORWARD_TILE``: empty, ``default``, ``fit`` or ``MxN``. Every process that imports the DiT's
-    FlashAttention-4 op reads it (actor, rollout and vLLM-Omni workers alike), and a bad value would stop each of
-    them at import, after Ray has started."""
-    from verl_omni.models.wnm.flash_attention4 import parse_forward_tile
+def check_fa4_forward_tile(env: Mapping[str, str], report: Report) -> bool:
+    """``WAM_FA4_FORWARD_TILE``: empty, ``default``, ``fit`` or ``MxN``; returns whether it is valid. Every process
+    that imports the DiT's FlashAttention-4 op reads it (actor, rollout and vLLM-Omni workers alike), and a bad value
+    would stop each of them at import, after Ray has started."""
+    from verl_omni.models.wnm.flash_attention4_tiles import FORWARD_TILE_VARIABLE, parse_forward_tile
 
-    name = "WAM_FA4_FORWARD_TILE"
     try:
-        parse_forward_tile(env.get(name, ""))
+        parse_forward_tile(env.get(FORWARD_TILE_VARIABLE, ""))
     except ValueError as e:
-        report.fail(name, f"{name}: {e}")
+        report.fail(FORWARD_TILE_VARIABLE, f"{FORWARD_TILE_VARIABLE}: {e}")
+        return False
+    return True
 
 
 def check_environment(env: Mapping[str, str], report: Report, paths_env: str) -> Settings:

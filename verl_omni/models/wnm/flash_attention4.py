@@ -21,6 +21,8 @@ import warnings
 import torch
 from torch.utils.flop_counter import register_flop_formula, sdpa_backward_flop_count, sdpa_flop_count
 
+from .flash_attention4_tiles import FORWARD_TILE_VARIABLE, fit_tile_n, parse_forward_tile
+
 FA4_INSTALL_HINT = (
     "attention_backend 'fa4' needs FlashAttention-4 on a Hopper or Blackwell GPU: pip install flash-attn-4 "
     "'nvidia-cutlass-dsl[cu13]' (the cu13 extra for a CUDA 13 torch)"
@@ -31,52 +33,16 @@ FA4_INSTALL_HINT = (
 # head_dim 128 that is 128 x 128, and a key count that is not a multiple of 128 is paid for up to the next one (4640
 # keys cost 4736; 545 context keys cost 640). FORWARD_TILE asks for another tile:
 # - (tile_m, tile_n), e.g. (128, 160), for every call;
-# - "fit": tile_m 128 and, per call, the tile_n of FIT_TILE_NS that pads the call's key count least (4640 keys: 160,
-#   29 whole tiles; 545 keys: 144, 4 tiles of 576), see fit_tile_n. FIT_TILE_NS are the widths that FlashAttention-4's
-#   own search of Hopper forward configs (flash_attn/cute/sm90_config_search.py, 4.0.0b40) finds feasible at
-#   head_dim 128 with the register-held P and the intra-warpgroup overlap that a requested tile gets (shared memory
-#   160-224 KiB); at other head dims "fit" keeps the library's tile;
+# - "fit": tile_m 128 and, per call, the width of flash_attention4_tiles.FIT_TILE_NS that pads the call's key count
+#   least (4640 keys: 160, 29 whole tiles; 545 keys: 144, 4 tiles of 576); those widths are feasible at head_dim 128
+#   only, so at other head dims "fit" keeps the library's tile;
 # - None: the library's choice.
 # Set from WAM_FA4_FORWARD_TILE ("128x160", "fit" or "default") at import, or assigned by a benchmark. It is read
 # while a graph is traced, so torch.compile guards on it and retraces when it changes.
-FORWARD_TILE: tuple[int, int] | str | None = None
-FIT_TILE_NS = (128, 144, 160, 176, 192)
-
-
-def fit_tile_n(keys: int, candidates: tuple[int, ...] = FIT_TILE_NS) -> int:
-    """The tile width of ``candidates`` whose whole tiles cover ``keys`` with the least padding (ties: the first).
-
-    >>> fit_tile_n(4640), fit_tile_n(545), fit_tile_n(4608)
-    (160, 144, 128)
-    """
-    return min(candidates, key=lambda n: -(-keys // n) * n - keys)
-
-
-def parse_forward_tile(text: str) -> tuple[int, int] | str | None:
-    """``"128x160"`` -> ``(128, 160)``; ``"fit"`` -> ``"fit"``; ``""`` or ``"default"`` -> None (the library's).
-
-    Raises:
-        ValueError: naming the text when it is not one of those, or ``MxN`` with M not in 64/128/192 or N not a
-            positive multiple of 16 (the shapes FlashAttention-4's Hopper forward accepts for its two products).
-    """
-    text = text.strip().lower()
-    if text in ("", "default"):
-        return None
-    if text == "fit":
-        return "fit"
-    m, _, n = text.partition("x")
-    if not (m.isdigit() and n.isdigit()) or int(m) not in (64, 128, 192) or int(n) < 16 or int(n) % 16:
-        raise ValueError(
-            f"forward tile {text!r}: expected MxN with M one of 64, 128, 192 and N a positive multiple of 16 "
-            "(e.g. 128x160), 'fit' or 'default'"
-        )
-    return int(m), int(n)
-
-
 try:
-    FORWARD_TILE = parse_forward_tile(os.environ.get("WAM_FA4_FORWARD_TILE", ""))
-except ValueError as e:
-    raise ValueError(f"environment variable WAM_FA4_FORWARD_TILE: {e}") from None
+    FORWARD_TILE: tuple[int, int] | str | None = parse_forward_tile(os.environ.get(FORWARD_TILE_VARIABLE, ""))
+except ValueError as e:  # every worker stops here, naming the variable; the contract check refuses it before Ray
+    raise ValueError(f"environment variable {FORWARD_TILE_VARIABLE}: {e}") from None
 
 
 def fa4_available() -> bool:
