@@ -13,6 +13,7 @@ from __future__ import annotations
 import copy
 import sys
 import types
+import warnings
 
 import pytest
 import torch
@@ -66,6 +67,7 @@ def kernel_double(monkeypatch):
         return _double_bwd(*a, **kw)
 
     monkeypatch.setattr(fa4, "_interface", lambda: types.SimpleNamespace(_flash_attn_fwd=fwd, _flash_attn_bwd=bwd))
+    monkeypatch.setattr(fa4, "tile_applies", lambda device: True)  # the CPU double stands in for a Hopper kernel
     return calls
 
 
@@ -287,3 +289,23 @@ def test_fit_under_dynamic_shapes_picks_each_lengths_tile(kernel_double, monkeyp
     for length in (300, 545, 4640):
         compiled(*_qkv(b=1, s=4, length=length, h=1, d=128))
     assert kernel_double["tiles"] == [(128, 160), (128, 144), (128, 160)]
+
+
+def test_a_requested_tile_is_dropped_off_hopper_with_one_warning(kernel_double, monkeypatch):
+    monkeypatch.undo()  # the real tile_applies and _interface back, then only the kernel double again
+    calls = {"tiles": []}
+
+    def fwd(*a, tile_mn=None, **kw):
+        calls["tiles"].append(tile_mn)
+        return _double_fwd(*a, **kw)
+
+    monkeypatch.setattr(fa4, "_interface", lambda: types.SimpleNamespace(_flash_attn_fwd=fwd, _flash_attn_bwd=None))
+    monkeypatch.setattr(fa4, "_warned_tile_dropped", False)
+    monkeypatch.setattr(fa4, "FORWARD_TILE", (128, 160))
+    q, k, v = _qkv()  # CPU tensors: not a Hopper device
+    with pytest.warns(UserWarning, match="WAM_FA4_FORWARD_TILE describes Hopper tiles; on cpu"):
+        fa4.fa4_attention(q, k, v)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # once per process
+        fa4.fa4_attention(q, k, v)
+    assert calls["tiles"] == [None, None]

@@ -113,16 +113,16 @@ def check_attention_backend(env: Mapping[str, str], s: Settings, report: Report)
     """
     from verl_omni.trainer.config import ATTENTION_BACKEND_NAMES
 
-    if not check_fa4_forward_tile(env, report):
-        # The op's module reads the tile when imported and stops on a bad one, so it is not imported below.
-        return
+    tile_ok = check_fa4_forward_tile(env, report)
     name = "WAM_ATTENTION_BACKEND"
     value = env.get(name, "").strip() or "default"
     if value not in ATTENTION_BACKEND_NAMES:
         report.fail(name, f"{name}={value!r} must be one of {', '.join(ATTENTION_BACKEND_NAMES)} (or empty: default)")
+    elif value != "fa4" and env.get("WAM_FA4_FORWARD_TILE", "").strip().lower() not in ("", "default"):
+        report.note(f"WAM_FA4_FORWARD_TILE has no effect unless {name}=fa4 (it is {value!r})")
     elif value == "fa4" and s.ints.get("WAM_GPUS_PER_NODE") == 0:
         report.note(f"{name}=fa4 has no effect without GPUs: the DiT keeps PyTorch's default attention on CPU")
-    elif value == "fa4":
+    elif value == "fa4" and tile_ok:  # the op's module reads the tile at import and stops on a bad one
         from verl_omni.models.wnm.flash_attention4 import FA4_INSTALL_HINT, fa4_available
 
         if not fa4_available():

@@ -37,12 +37,32 @@ FA4_INSTALL_HINT = (
 #   least (4640 keys: 160, 29 whole tiles; 545 keys: 144, 4 tiles of 576); those widths are feasible at head_dim 128
 #   only, so at other head dims "fit" keeps the library's tile;
 # - None: the library's choice.
-# Set from WAM_FA4_FORWARD_TILE ("128x160", "fit" or "default") at import, or assigned by a benchmark. It is read
-# while a graph is traced, so torch.compile guards on it and retraces when it changes.
+# The tiles are Hopper's: on other GPUs the op keeps the library's (tile_applies). Set from WAM_FA4_FORWARD_TILE
+# ("128x160", "fit" or "default") at import, or assigned by a benchmark. It is read while a graph is traced, so
+# torch.compile guards on it and retraces when it changes.
 try:
     FORWARD_TILE: tuple[int, int] | str | None = parse_forward_tile(os.environ.get(FORWARD_TILE_VARIABLE, ""))
 except ValueError as e:  # every worker stops here, naming the variable; the contract check refuses it before Ray
     raise ValueError(f"environment variable {FORWARD_TILE_VARIABLE}: {e}") from None
+
+
+_warned_tile_dropped = False
+
+
+def tile_applies(device: torch.device) -> bool:
+    """Whether a requested forward tile is passed to the kernel on ``device``: on Hopper (compute capability 9.x),
+    whose tile shapes :func:`parse_forward_tile` and ``FIT_TILE_NS`` describe. Elsewhere (Blackwell's forward takes
+    only tile_m 128 and a tile_n that fits its tensor memory) the library's tile is kept, with one warning."""
+    global _warned_tile_dropped
+    if device.type == "cuda" and torch.cuda.get_device_capability(device)[0] == 9:
+        return True
+    if not _warned_tile_dropped:
+        _warned_tile_dropped = True
+        warnings.warn(
+            f"{FORWARD_TILE_VARIABLE} describes Hopper tiles; on {device} FlashAttention-4 keeps its own forward tile",
+            stacklevel=2,
+        )
+    return False
 
 
 def fa4_available() -> bool:
@@ -81,7 +101,7 @@ def fa4_attention_with_lse(
     """
     # The kernel needs dense inputs. The block's q/k/v (projection outputs viewed as heads) already are, so these
     # calls copy nothing there; a caller with strided inputs pays one copy each.
-    tile = {"tile_mn": (tile_m, tile_n)} if tile_m and tile_n else {}
+    tile = {"tile_mn": (tile_m, tile_n)} if tile_m and tile_n and tile_applies(q.device) else {}
     out, lse, *_ = _interface()._flash_attn_fwd(
         q.contiguous(), k.contiguous(), v.contiguous(), softmax_scale=softmax_scale, causal=False, return_lse=True,
         **tile,

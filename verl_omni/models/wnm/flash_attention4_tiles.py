@@ -1,7 +1,8 @@
 """FlashAttention-4 forward tiles: parsing the ``WAM_FA4_FORWARD_TILE`` setting and the ``fit`` rule.
 
-Pure functions with no import-time side effects, apart from ``flash_attention4.py`` (which reads the variable when
-it is imported), so that the contract check can validate the variable before anything imports the op.
+Kept apart from ``flash_attention4.py``, which reads the variable when it is imported and stops on a bad value: this
+module reads nothing at import, so the contract check can validate the variable without importing the op. The tile
+shapes are Hopper's; on other GPUs the op keeps the library's tile (``flash_attention4.tile_applies``).
 """
 
 from __future__ import annotations
