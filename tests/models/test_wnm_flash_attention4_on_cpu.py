@@ -202,11 +202,42 @@ def test_self_and_cross_attention_both_use_the_blocks_backend(monkeypatch, backe
 
 def test_setting_fa4_where_a_gpu_is_visible_but_the_package_is_not_fails_at_once(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(fa4, "fa4_available", lambda: False)
+    problem = f"{fa4.FA4_INSTALL_HINT}; import failed with: No module named 'flash_attn'"
+    monkeypatch.setattr(fa4, "fa4_import_problem", lambda: problem)
     model = _tiny_model()
-    with pytest.raises(ImportError, match="pip install flash-attn-4"):
+    with pytest.raises(ImportError, match="pip install flash-attn-4.*No module named 'flash_attn'"):
         model.attention_backend = "fa4"
     assert model.attention_backend == "default"
+
+
+def _forget_modules(monkeypatch, *packages: str) -> None:
+    for name in [m for m in sys.modules if m.split(".")[0] in packages]:
+        monkeypatch.delitem(sys.modules, name)
+
+
+def test_a_partly_installed_cutlass_is_reported_with_the_wheels_that_make_it_up(tmp_path, monkeypatch):
+    # What the device had after a `pip install --target --upgrade` of one cutlass wheel: FlashAttention-4 present,
+    # and a `cutlass` folder holding only the compiled bindings, without the package's Python (libs-core).
+    (tmp_path / "flash_attn" / "cute").mkdir(parents=True)
+    (tmp_path / "flash_attn" / "__init__.py").write_text("")
+    (tmp_path / "flash_attn" / "cute" / "__init__.py").write_text("import cutlass.cute\n")
+    (tmp_path / "flash_attn" / "cute" / "interface.py").write_text("")
+    (tmp_path / "cutlass" / "_mlir").mkdir(parents=True)
+    _forget_modules(monkeypatch, "flash_attn", "cutlass")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    problem = fa4.fa4_import_problem()
+    assert problem is not None and not fa4.fa4_available()
+    assert "pip install flash-attn-4" in problem
+    assert "No module named 'cutlass.cute'" in problem
+    assert "nvidia-cutlass-dsl-libs-core" in problem and "--upgrade" in problem
+
+
+def test_a_missing_flash_attn_gets_the_install_hint_without_the_cutlass_one(monkeypatch):
+    _forget_modules(monkeypatch, "flash_attn")
+    monkeypatch.setitem(sys.modules, "flash_attn", None)  # makes the import fail as an absent package does
+    problem = fa4.fa4_import_problem()
+    assert problem is not None and "pip install flash-attn-4" in problem and "flash_attn" in problem
+    assert "libs-core" not in problem
 
 
 def test_backward_warns_under_deterministic_algorithms(kernel_double):

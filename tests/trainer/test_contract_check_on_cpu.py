@@ -177,11 +177,13 @@ def test_attention_backend_is_checked_before_ray_starts(monkeypatch):
     check_environment({"WAM_ATTENTION_BACKEND": "flash3"}, report, "")
     assert "must be one of default, cudnn, fa4" in dict(report.failures)["WAM_ATTENTION_BACKEND"]
     # fa4 on GPUs without an importable FlashAttention-4: refused by name, with the install command.
-    monkeypatch.setattr(flash_attention4, "fa4_available", lambda: False)
+    missing = f"{flash_attention4.FA4_INSTALL_HINT}; import failed with: No module named 'flash_attn'"
+    monkeypatch.setattr(flash_attention4, "fa4_import_problem", lambda: missing)
     report = Report()
     check_environment({"WAM_ATTENTION_BACKEND": "fa4", "WAM_GPUS_PER_NODE": "1"}, report, "")
     msg = dict(report.failures)["WAM_ATTENTION_BACKEND"]
     assert "WAM_ATTENTION_BACKEND=fa4" in msg and "pip install flash-attn-4" in msg
+    assert "No module named 'flash_attn'" in msg  # the import's own error, not only the hint
     # An empty GPU count means "detect at launch", so GPUs are assumed and the package is required.
     report = Report()
     check_environment({"WAM_ATTENTION_BACKEND": "fa4", "WAM_GPUS_PER_NODE": ""}, report, "")
@@ -191,7 +193,7 @@ def test_attention_backend_is_checked_before_ray_starts(monkeypatch):
     check_environment({"WAM_ATTENTION_BACKEND": "fa4", "WAM_GPUS_PER_NODE": "0"}, report, "")
     assert "WAM_ATTENTION_BACKEND" not in dict(report.failures)
     assert any("WAM_ATTENTION_BACKEND=fa4 has no effect without GPUs" in n for n in report.notes)
-    monkeypatch.setattr(flash_attention4, "fa4_available", lambda: True)
+    monkeypatch.setattr(flash_attention4, "fa4_import_problem", lambda: None)
     for value in ("fa4", "cudnn", "default", ""):
         report = Report()
         check_environment({"WAM_ATTENTION_BACKEND": value, "WAM_GPUS_PER_NODE": "1"}, report, "")

@@ -123,10 +123,11 @@ def check_attention_backend(env: Mapping[str, str], s: Settings, report: Report)
     elif value == "fa4" and s.ints.get("WAM_GPUS_PER_NODE") == 0:
         report.note(f"{name}=fa4 has no effect without GPUs: the DiT keeps PyTorch's default attention on CPU")
     elif value == "fa4" and tile_ok:  # the op's module reads the tile at import and stops on a bad one
-        from verl_omni.models.wnm.flash_attention4 import FA4_INSTALL_HINT, fa4_available
+        from verl_omni.models.wnm.flash_attention4 import fa4_import_problem
 
-        if not fa4_available():
-            report.fail(name, f"{name}=fa4 but FlashAttention-4 does not import here: {FA4_INSTALL_HINT}")
+        problem = fa4_import_problem()
+        if problem is not None:
+            report.fail(name, f"{name}=fa4 but FlashAttention-4 does not import here: {problem}")
 
 
 def check_fa4_forward_tile(env: Mapping[str, str], report: Report) -> bool:

@@ -66,25 +66,48 @@ def tile_applies(device: torch.device) -> bool:
 
 
 def fa4_available() -> bool:
-    """Whether FlashAttention-4's interface (``flash_attn.cute.interface``) imports.
+    """Whether FlashAttention-4's interface (``flash_attn.cute.interface``) imports (see :func:`fa4_import_problem`)."""
+    return fa4_import_problem() is None
+
+
+def fa4_import_problem() -> str | None:
+    """Why FlashAttention-4's interface does not import here, or None when it does.
 
     A real import, not a lookup: the package can be found while its CuTe DSL dependency (the ``cutlass`` module of
-    ``nvidia-cutlass-dsl``, put on the path by a ``.pth`` file) is missing, which fails only at import (seen on the
-    device with ``pip install --target``).
+    ``nvidia-cutlass-dsl``) is missing or only partly installed, which fails only at import (seen on the device with
+    ``pip install --target``).
+
+    Returns:
+        The install hint, the import error and, when the failing module is ``cutlass``, which wheels make it up.
     """
     try:
         _interface()
-    except ImportError:
-        return False
-    return True
+    except ImportError as e:
+        return str(e)
+    return None
 
 
 def _interface():
     try:
         from flash_attn.cute import interface
     except ImportError as e:
-        raise ImportError(f"{FA4_INSTALL_HINT}; import failed with: {e}") from e
+        raise ImportError(f"{FA4_INSTALL_HINT}; import failed with: {e}{_partial_cutlass_hint(e)}") from e
     return interface
+
+
+def _partial_cutlass_hint(error: ImportError) -> str:
+    # nvidia-cutlass-dsl 4.8 spreads its ``cutlass`` module over several wheels that fill one nvidia_cutlass_dsl/
+    # folder. An install without the resolver (--no-deps, offline wheel sets) can miss one, and
+    # ``pip install --target --upgrade`` of one wheel replaces the folder the others filled. Either leaves a
+    # ``cutlass`` that imports in part, whose error ("No module named 'cutlass.cute'") does not say which wheel.
+    if (error.name or "").split(".")[0] != "cutlass":
+        return ""
+    return (
+        ". The 'cutlass' module of nvidia-cutlass-dsl is missing or incomplete: its Python is in "
+        "nvidia-cutlass-dsl-libs-core, its MLIR bindings in nvidia-cutlass-dsl-libs-base and -libs-cu13 (or -cu12), "
+        "all in one nvidia_cutlass_dsl folder. Install them in one pip call; a later `pip install --target "
+        "--upgrade` of one of them replaces that folder"
+    )
 
 
 @torch.library.custom_op("wnm::fa4_attention", mutates_args=())

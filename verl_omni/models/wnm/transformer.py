@@ -155,10 +155,11 @@ class WNMTransformer(nn.Module):
         if backend not in ATTENTION_BACKENDS:
             raise ValueError(f"attention_backend must be one of {ATTENTION_BACKENDS}, got {backend!r}")
         if backend == "fa4" and torch.cuda.is_available():
-            from .flash_attention4 import FA4_INSTALL_HINT, fa4_available
+            from .flash_attention4 import fa4_import_problem
 
-            if not fa4_available():
-                raise ImportError(f"{FA4_INSTALL_HINT}; flash_attn.cute is not importable")
+            problem = fa4_import_problem()
+            if problem is not None:
+                raise ImportError(problem)
         for block in self.blocks:
             block.attention_backend = backend
 
