@@ -157,8 +157,7 @@ class WNMTransformer(nn.Module):
         if backend == "fa4" and torch.cuda.is_available():
             from .flash_attention4 import fa4_import_problem
 
-            problem = fa4_import_problem()
-            if problem is not None:
+            if (problem := fa4_import_problem()) is not None:
                 raise ImportError(problem)
         for block in self.blocks:
             block.attention_backend = backend
