@@ -232,6 +232,17 @@ def test_a_partly_installed_cutlass_is_reported_with_the_wheels_that_make_it_up(
     assert "nvidia-cutlass-dsl-libs-core" in problem and "--upgrade" in problem
 
 
+def test_a_native_library_that_fails_to_load_is_reported_as_a_failed_import(tmp_path, monkeypatch):
+    (tmp_path / "flash_attn" / "cute").mkdir(parents=True)
+    (tmp_path / "flash_attn" / "__init__.py").write_text("")
+    (tmp_path / "flash_attn" / "cute" / "__init__.py").write_text("raise OSError('libcute_dsl_runtime.so: bad ELF')\n")
+    _forget_modules(monkeypatch, "flash_attn")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    problem = fa4.fa4_import_problem()
+    assert problem is not None and "pip install flash-attn-4" in problem
+    assert "OSError: libcute_dsl_runtime.so: bad ELF" in problem
+
+
 def test_a_missing_flash_attn_gets_the_install_hint_without_the_cutlass_one(monkeypatch):
     _forget_modules(monkeypatch, "flash_attn")
     monkeypatch.setitem(sys.modules, "flash_attn", None)  # makes the import fail as an absent package does
