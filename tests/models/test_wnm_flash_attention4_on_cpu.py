@@ -210,12 +210,26 @@ def test_setting_fa4_where_a_gpu_is_visible_but_the_package_is_not_fails_at_once
     assert model.attention_backend == "default"
 
 
-def _forget_modules(monkeypatch, *packages: str) -> None:
-    for name in [m for m in sys.modules if m.split(".")[0] in packages]:
+@pytest.fixture
+def fresh_fa4_import(monkeypatch):
+    """Lets a test import ``flash_attn``/``cutlass`` from a tree it builds: hides the loaded ones, and afterwards drops
+    what the test's imports left in ``sys.modules`` (a package whose submodule failed stays there) before
+    ``monkeypatch`` puts the hidden ones back."""
+    packages = ("flash_attn", "cutlass")
+
+    def ours(name: str) -> bool:
+        return name.split(".")[0] in packages
+
+    for name in [m for m in sys.modules if ours(m)]:
         monkeypatch.delitem(sys.modules, name)
+    yield
+    for name in [m for m in sys.modules if ours(m)]:
+        del sys.modules[name]
 
 
-def test_a_partly_installed_cutlass_is_reported_with_the_wheels_that_make_it_up(tmp_path, monkeypatch):
+def test_a_partly_installed_cutlass_is_reported_with_the_wheels_that_make_it_up(
+    tmp_path, monkeypatch, fresh_fa4_import
+):
     # What the device had after a `pip install --target --upgrade` of one cutlass wheel: FlashAttention-4 present,
     # and a `cutlass` folder holding only the compiled bindings, without the package's Python (libs-core).
     (tmp_path / "flash_attn" / "cute").mkdir(parents=True)
@@ -223,7 +237,6 @@ def test_a_partly_installed_cutlass_is_reported_with_the_wheels_that_make_it_up(
     (tmp_path / "flash_attn" / "cute" / "__init__.py").write_text("import cutlass.cute\n")
     (tmp_path / "flash_attn" / "cute" / "interface.py").write_text("")
     (tmp_path / "cutlass" / "_mlir").mkdir(parents=True)
-    _forget_modules(monkeypatch, "flash_attn", "cutlass")
     monkeypatch.syspath_prepend(str(tmp_path))
     problem = fa4.fa4_import_problem()
     assert problem is not None and not fa4.fa4_available()
@@ -232,19 +245,17 @@ def test_a_partly_installed_cutlass_is_reported_with_the_wheels_that_make_it_up(
     assert "nvidia-cutlass-dsl-libs-core" in problem and "--upgrade" in problem
 
 
-def test_a_native_library_that_fails_to_load_is_reported_as_a_failed_import(tmp_path, monkeypatch):
+def test_a_native_library_that_fails_to_load_is_reported_as_a_failed_import(tmp_path, monkeypatch, fresh_fa4_import):
     (tmp_path / "flash_attn" / "cute").mkdir(parents=True)
     (tmp_path / "flash_attn" / "__init__.py").write_text("")
     (tmp_path / "flash_attn" / "cute" / "__init__.py").write_text("raise OSError('libcute_dsl_runtime.so: bad ELF')\n")
-    _forget_modules(monkeypatch, "flash_attn")
     monkeypatch.syspath_prepend(str(tmp_path))
     problem = fa4.fa4_import_problem()
     assert problem is not None and "pip install flash-attn-4" in problem
     assert "OSError: libcute_dsl_runtime.so: bad ELF" in problem
 
 
-def test_a_missing_flash_attn_gets_the_install_hint_without_the_cutlass_one(monkeypatch):
-    _forget_modules(monkeypatch, "flash_attn")
+def test_a_missing_flash_attn_gets_the_install_hint_without_the_cutlass_one(monkeypatch, fresh_fa4_import):
     monkeypatch.setitem(sys.modules, "flash_attn", None)  # makes the import fail as an absent package does
     problem = fa4.fa4_import_problem()
     assert problem is not None and "pip install flash-attn-4" in problem and "flash_attn" in problem

@@ -92,7 +92,7 @@ def _interface():
         from flash_attn.cute import interface
     except ImportError as e:
         raise ImportError(f"{FA4_INSTALL_HINT}; import failed with: {e}{_partial_cutlass_hint(e)}") from e
-    except Exception as e:  # noqa: BLE001 - a native library that fails to load (OSError) is a failed import too
+    except Exception as e:  # a native library that fails to load (OSError and the like) is a failed import too
         raise ImportError(f"{FA4_INSTALL_HINT}; import failed with {type(e).__name__}: {e}") from e
     return interface
 
