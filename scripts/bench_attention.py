@@ -11,10 +11,8 @@ Prints one table; medians of ``--iters`` calls after ``--warmup``.
 
 ``--shapes`` replaces the size's two calls by any list of ``name:SxL`` (S queries over L keys), e.g. our
 self-attention beside the anchor's (``self:4640x4640,anchor:4608x4608``), to tell a token-count cost from a kernel
-one. A backend ``fa4:MxN`` (e.g. ``fa4:128x160``) runs FlashAttention-4's forward with that tile instead of its own
-choice (``flash_attention4.FORWARD_TILE``); the backward keeps its own. ``--layout bshd`` hands the kernel
-``[B, S, H, Dh]`` tensors viewed as ``[B, H, S, Dh]`` (how both models call it: heads split off a projection's
-output, no copy) instead of contiguous ``[B, H, S, Dh]`` ones.
+one. ``--layout bshd`` hands the kernel ``[B, S, H, Dh]`` tensors viewed as ``[B, H, S, Dh]`` (how both models call
+it: heads split off a projection's output, no copy) instead of contiguous ``[B, H, S, Dh]`` ones.
 
     python scripts/bench_attention.py [--size wan2.1-1.3b] [--batches 4,16] [--backends flash,cudnn,efficient]
 """
@@ -40,15 +38,10 @@ BACKENDS = ("flash", "cudnn", "efficient", "fa4")
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, backend: str) -> torch.Tensor:
     """``[B, H, S, Dh]`` attention by ``backend``: SDPA under :func:`forced`, or FlashAttention-4's op (which takes
     ``[B, S, H, Dh]``; with ``--layout bshd`` the transposes are free views, as in the model)."""
-    if backend.startswith("fa4"):
-        from verl_omni.models.wnm import flash_attention4
+    if backend == "fa4":
+        from verl_omni.models.wnm.flash_attention4 import fa4_attention
 
-        saved = flash_attention4.FORWARD_TILE
-        flash_attention4.FORWARD_TILE = flash_attention4.parse_forward_tile(backend.partition(":")[2])
-        try:
-            return flash_attention4.fa4_attention(*(t.transpose(1, 2) for t in (q, k, v))).transpose(1, 2)
-        finally:
-            flash_attention4.FORWARD_TILE = saved
+        return fa4_attention(*(t.transpose(1, 2) for t in (q, k, v))).transpose(1, 2)
     return F.scaled_dot_product_attention(q, k, v)
 
 
@@ -57,7 +50,7 @@ def forced(backend: str):
     """Forces SDPA onto ``backend`` (no-op for ``fa4``, which does not go through SDPA)."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    if backend.startswith("fa4"):
+    if backend == "fa4":
         yield
         return
 
@@ -116,16 +109,9 @@ def main(argv=None) -> int:
     p.add_argument("--json", type=Path, default=None, help="also write the rows as JSON here")
     args = p.parse_args(argv)
     backends = [b.strip() for b in args.backends.split(",") if b.strip()]
-    unknown = sorted(b for b in backends if b not in BACKENDS and not b.startswith("fa4:"))
+    unknown = set(backends) - set(BACKENDS)
     if unknown:
-        p.error(f"--backends: unknown {unknown}; choose from {', '.join(BACKENDS)} or fa4:MxN (a forward tile)")
-    from verl_omni.models.wnm.flash_attention4 import parse_forward_tile
-
-    for b in (b for b in backends if b.startswith("fa4:")):
-        try:
-            parse_forward_tile(b.partition(":")[2])
-        except ValueError as e:
-            p.error(f"--backends {b}: {e}")
+        p.error(f"--backends: unknown {sorted(unknown)}; choose from {', '.join(BACKENDS)}")
     shapes = None
     if args.shapes is not None:
         try:
@@ -147,7 +133,7 @@ def main(argv=None) -> int:
         f"torch {torch.__version__}, {torch.cuda.get_device_name(device)}",
         flush=True,
     )
-    header = f"{'batch':>5} {'call':<12} {'backend':<12}{'fwd ms':>9}{'TFLOP/s':>9}{'fwd+bwd ms':>12}{'TFLOP/s':>9}"
+    header = f"{'batch':>5} {'call':<12} {'backend':<10}{'fwd ms':>9}{'TFLOP/s':>9}{'fwd+bwd ms':>12}{'TFLOP/s':>9}"
     print(header + f"{'err out':>10}{'err dq':>10}{'err dk':>10}", flush=True)
     rows = []
     for b in (int(v) for v in args.batches.split(",") if v.strip()):
@@ -182,7 +168,7 @@ def main(argv=None) -> int:
                         t_f = median_time(fwd, device, args.warmup, args.iters)
                         t_fb = math.nan if args.no_backward else median_time(fwd_bwd, device, args.warmup, args.iters)
                 except Exception as e:  # a kernel that does not apply must not lose the other rows
-                    print(f"{b:>5} {call:<12} {backend:<12} FAILED: {type(e).__name__}: {str(e)[:200]}", flush=True)
+                    print(f"{b:>5} {call:<12} {backend:<10} FAILED: {type(e).__name__}: {str(e)[:200]}", flush=True)
                     continue
                 row = {
                     "batch": b,
@@ -198,7 +184,7 @@ def main(argv=None) -> int:
                 }
                 rows.append(row)
                 print(
-                    f"{b:>5} {call:<12} {backend:<12}{row['fwd_ms']:9.2f}{row['fwd_tflops']:9.0f}"
+                    f"{b:>5} {call:<12} {backend:<10}{row['fwd_ms']:9.2f}{row['fwd_tflops']:9.0f}"
                     f"{t_fb * 1e3:12.2f}{3.5 * fwd_flops / t_fb / 1e12:9.0f}"
                     f"{errs[0]:10.1e}{errs[1]:10.1e}{errs[2]:10.1e}",
                     flush=True,

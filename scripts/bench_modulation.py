@@ -65,11 +65,6 @@ def stacked_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
     return torch.stack([even * c - odd * s, even * s + odd * c], dim=-1).flatten(-2).type_as(x)
 
 
-def tile_name(tile) -> str:
-    """A FlashAttention-4 forward tile as given to ``--fa4-tiles``: ``(128, 160)`` -> ``128x160``, ``fit`` as is."""
-    return tile if isinstance(tile, str) else f"{tile[0]}x{tile[1]}"
-
-
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--size", default="wan2.1-1.3b")
@@ -82,13 +77,6 @@ def main(argv=None) -> int:
         "--fa4",
         action="store_true",
         help="also time our model with attention_backend 'fa4' (FlashAttention-4; the anchors keep their default)",
-    )
-    p.add_argument(
-        "--fa4-tiles",
-        default="",
-        help="with --fa4: comma-separated FlashAttention-4 forward tiles MxN (e.g. 128x160,128x176); each adds rows "
-        "of our FA4 model run with that tile (flash_attention4.FORWARD_TILE) instead of the library's choice; 'fit' "
-        "picks per call the tile width that pads the key count least",
     )
     p.add_argument(
         "--text-valid",
@@ -140,14 +128,6 @@ def main(argv=None) -> int:
         p.error(f"--keep must be a Python regular expression, got {args.keep!r}: {e}")
     if args.compile_mode is not None and not args.compiled:
         p.error("--compile-mode needs --compiled")
-    from verl_omni.models.wnm import flash_attention4
-
-    try:
-        fa4_tiles = [flash_attention4.parse_forward_tile(t) for t in args.fa4_tiles.split(",") if t.strip()]
-    except ValueError as e:
-        p.error(f"--fa4-tiles: {e}")
-    if fa4_tiles and not args.fa4:
-        p.error("--fa4-tiles needs --fa4")
     if args.fp8_groups is not None:
         from verl_omni.models.wnm.fp8 import LAYER_GROUPS
 
@@ -228,7 +208,6 @@ def main(argv=None) -> int:
             norm_rope_kernel=True,
             defer=True,
             add_norm_kernel=True,
-            fa4_tile=None,
         ):
             wnm_block.LOW_PRECISION_NORM, wnm_block.LOW_PRECISION_ADDCMUL = norm, fused
             saved_attention = model.attention_backend
@@ -243,7 +222,6 @@ def main(argv=None) -> int:
             model.gelu_epilogue = gelu_epilogue
             # A replaced RoPE form only runs where the q/k norm + RoPE kernel does not.
             model.norm_rope_kernel = norm_rope_kernel and rope is None
-            saved_tile, flash_attention4.FORWARD_TILE = flash_attention4.FORWARD_TILE, fa4_tile
             try:
                 return model(*ours_args)
             finally:
@@ -256,7 +234,6 @@ def main(argv=None) -> int:
                 wnm_attention._apply_rope = product_rope
                 wnm_block.COMPILED_GROUP_SELECT = True
                 model.attention_backend = saved_attention
-                flash_attention4.FORWARD_TILE = saved_tile
 
         @torch.no_grad()
         def run_anchor(model=anchor, anchor_args=anchor_args):
@@ -342,13 +319,6 @@ def main(argv=None) -> int:
                 v_fa4 = run_ours(True, True, attention="fa4")[0].float()
             diffs["FlashAttention-4 vs now (cuDNN)"] = float((v_fa4 - v_now).norm() / v_now.norm())
             entries["WNM eager, FlashAttention-4"] = lambda f=run_ours: f(True, True, attention="fa4")
-            for tile in fa4_tiles:
-                with torch.no_grad():
-                    v_tile = run_ours(True, True, attention="fa4", fa4_tile=tile)[0].float()
-                diffs[f"FA4 tile {tile_name(tile)} vs FA4"] = float((v_tile - v_fa4).norm() / v_fa4.norm())
-                entries[f"WNM eager, FA4 tile {tile_name(tile)}"] = lambda f=run_ours, tile=tile: f(
-                    True, True, attention="fa4", fa4_tile=tile
-                )
             if args.compiled:
                 entries["WNM compiled, FlashAttention-4"] = lambda f=run_ours: f(
                     True, True, True, ours_compiled, attention="fa4"
@@ -365,10 +335,6 @@ def main(argv=None) -> int:
                 entries["WNM compiled, FA4, session 38 (both off)"] = lambda f=run_ours: f(
                     True, True, True, ours_compiled, attention="fa4", defer=False, add_norm_kernel=False
                 )
-                for tile in fa4_tiles:
-                    entries[f"WNM compiled, FA4 tile {tile_name(tile)}"] = lambda f=run_ours, tile=tile: f(
-                        True, True, True, ours_compiled, attention="fa4", fa4_tile=tile
-                    )
                 if ours_multi is not None:
                     entries["WNM compiled, FA4, multi-kernel reductions"] = lambda f=run_ours: f(
                         True, True, True, ours_multi, attention="fa4"

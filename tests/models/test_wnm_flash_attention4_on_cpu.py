@@ -13,7 +13,6 @@ from __future__ import annotations
 import copy
 import sys
 import types
-import warnings
 
 import pytest
 import torch
@@ -55,11 +54,10 @@ def _double_bwd(q, k, v, out, dout, lse, softmax_scale=None, causal=False, **unu
 
 @pytest.fixture
 def kernel_double(monkeypatch):
-    calls = {"fwd": 0, "bwd": 0, "tiles": []}
+    calls = {"fwd": 0, "bwd": 0}
 
-    def fwd(*a, tile_mn=None, **kw):
+    def fwd(*a, **kw):
         calls["fwd"] += 1
-        calls["tiles"].append(tile_mn)
         return _double_fwd(*a, **kw)
 
     def bwd(*a, **kw):
@@ -67,7 +65,6 @@ def kernel_double(monkeypatch):
         return _double_bwd(*a, **kw)
 
     monkeypatch.setattr(fa4, "_interface", lambda: types.SimpleNamespace(_flash_attn_fwd=fwd, _flash_attn_bwd=bwd))
-    monkeypatch.setattr(fa4, "tile_applies", lambda device: True)  # the CPU double stands in for a Hopper kernel
     return calls
 
 
@@ -102,7 +99,7 @@ def test_output_and_gradients_equal_sdpa_with_the_default_scale(kernel_double):
     want = torch.autograd.grad(ref, (ref_q, ref_k, ref_v), grad)
     for g, w in zip(got, want, strict=True):  # the log-sum-exp travels as float32, as the kernel stores it
         torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-6)
-    assert kernel_double == {"fwd": 1, "bwd": 1, "tiles": [None]}  # no tile asked for: the library's choice
+    assert kernel_double == {"fwd": 1, "bwd": 1}
 
 
 def test_torch_compile_fullgraph_keeps_the_op(kernel_double):
@@ -122,45 +119,6 @@ def test_torch_compile_fullgraph_keeps_the_op(kernel_double):
     assert kernel_double["fwd"] >= 2 and kernel_double["bwd"] >= 2
 
 
-def test_forward_tile_reaches_the_forward_kernel_only(kernel_double, monkeypatch):
-    q, k, v = (t.requires_grad_() for t in _qkv(seed=5))
-    ref = fa4.fa4_attention(q, k, v)
-    ref_grads = torch.autograd.grad(ref.sum(), (q, k, v))
-    monkeypatch.setattr(fa4, "FORWARD_TILE", (128, 160))
-    out = fa4.fa4_attention(q, k, v)
-    grads = torch.autograd.grad(out.sum(), (q, k, v))
-    assert kernel_double["tiles"] == [None, (128, 160)]  # the backward takes no tile (it has its own)
-    torch.testing.assert_close(out, ref, rtol=0, atol=0)  # the double ignores tiles: the plumbing changes nothing
-    for g, w in zip(grads, ref_grads, strict=True):
-        torch.testing.assert_close(g, w, rtol=0, atol=0)
-
-
-def test_fit_picks_each_calls_tile_from_its_key_count(kernel_double, monkeypatch):
-    monkeypatch.setattr(fa4, "FORWARD_TILE", "fit")
-    for length in (300, 545):
-        fa4.fa4_attention(*_qkv(b=1, s=4, length=length, h=1, d=128))
-    assert kernel_double["tiles"] == [(128, 160), (128, 144)]
-
-
-def test_fit_keeps_the_librarys_tile_at_other_head_dims(kernel_double, monkeypatch):
-    # FIT_TILE_NS are the widths feasible at head_dim 128 only; elsewhere the library's choice (no tile passed).
-    monkeypatch.setattr(fa4, "FORWARD_TILE", "fit")
-    fa4.fa4_attention(*_qkv(b=1, s=4, length=300, h=1, d=64))
-    assert kernel_double["tiles"] == [None]
-
-
-def test_compiled_call_recompiles_when_the_forward_tile_changes(kernel_double, monkeypatch):
-    # The tile is read while tracing, so a compiled caller must not keep running a graph traced with another one.
-    q, k, v = _qkv(seed=6)
-    compiled = torch.compile(lambda q, k, v: fa4.fa4_attention(q, k, v), fullgraph=True, backend="aot_eager")
-    compiled(q, k, v)
-    monkeypatch.setattr(fa4, "FORWARD_TILE", (128, 176))
-    compiled(q, k, v)
-    monkeypatch.setattr(fa4, "FORWARD_TILE", None)
-    compiled(q, k, v)
-    assert kernel_double["tiles"] == [None, (128, 176), None]
-
-
 def _tiny_model():
     torch.manual_seed(0)
     cfg = WNMConfig.from_size("tiny")
@@ -177,7 +135,7 @@ def test_model_falls_back_to_the_default_kernel_off_gpu(kernel_double):
     with torch.no_grad():
         for g, r in zip(m(*inputs), model(*inputs), strict=True):
             assert torch.equal(g, r)
-    assert kernel_double == {"fwd": 0, "bwd": 0, "tiles": []}
+    assert kernel_double == {"fwd": 0, "bwd": 0}
 
 
 @pytest.mark.parametrize("backend", ["fa4", "cudnn", "default"])
@@ -332,33 +290,3 @@ def test_memory_budget_keeps_the_attention_output_once_custom_ops_are_weighed(we
         functorch_config.activation_memory_budget, functorch_config.is_non_builtin_to_include = saved
     recomputed = [n for n in graphs["bw"].graph.nodes if n.target is torch.ops.wnm.fa4_attention.default]
     assert len(recomputed) == (0 if weigh_custom_ops else 1)
-
-
-def test_fit_under_dynamic_shapes_picks_each_lengths_tile(kernel_double, monkeypatch):
-    # compile_blocks leaves dynamo's automatic dynamic shapes on, so a block seen at a second length is traced with
-    # a symbolic key count; "fit" must still hand each call the tile of its own length.
-    monkeypatch.setattr(fa4, "FORWARD_TILE", "fit")
-    compiled = torch.compile(lambda q, k, v: fa4.fa4_attention(q, k, v), dynamic=True, backend="aot_eager")
-    for length in (300, 545, 4640):
-        compiled(*_qkv(b=1, s=4, length=length, h=1, d=128))
-    assert kernel_double["tiles"] == [(128, 160), (128, 144), (128, 160)]
-
-
-def test_a_requested_tile_is_dropped_off_hopper_with_one_warning(kernel_double, monkeypatch):
-    monkeypatch.undo()  # the real tile_applies and _interface back, then only the kernel double again
-    calls = {"tiles": []}
-
-    def fwd(*a, tile_mn=None, **kw):
-        calls["tiles"].append(tile_mn)
-        return _double_fwd(*a, **kw)
-
-    monkeypatch.setattr(fa4, "_interface", lambda: types.SimpleNamespace(_flash_attn_fwd=fwd, _flash_attn_bwd=None))
-    monkeypatch.setattr(fa4, "_warned_tile_dropped", False)
-    monkeypatch.setattr(fa4, "FORWARD_TILE", (128, 160))
-    q, k, v = _qkv()  # CPU tensors: not a Hopper device
-    with pytest.warns(UserWarning, match="WAM_FA4_FORWARD_TILE describes Hopper tiles; on cpu"):
-        fa4.fa4_attention(q, k, v)
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")  # once per process
-        fa4.fa4_attention(q, k, v)
-    assert calls["tiles"] == [None, None]

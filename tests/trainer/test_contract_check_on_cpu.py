@@ -200,21 +200,6 @@ def test_attention_backend_is_checked_before_ray_starts(monkeypatch):
         assert "WAM_ATTENTION_BACKEND" not in dict(report.failures), value
 
 
-@pytest.mark.parametrize("value", ["", "default", "fit", "128x160", "192x128"])
-def test_fa4_forward_tile_accepts_the_documented_forms(value):
-    report = Report()
-    check_environment({"WAM_FA4_FORWARD_TILE": value}, report, "")
-    assert "WAM_FA4_FORWARD_TILE" not in dict(report.failures)
-
-
-@pytest.mark.parametrize("value", ["fastest", "128x100", "160x160", "128"])
-def test_fa4_forward_tile_is_checked_before_ray_starts(value):
-    report = Report()
-    check_environment({"WAM_FA4_FORWARD_TILE": value}, report, "")
-    msg = dict(report.failures)["WAM_FA4_FORWARD_TILE"]
-    assert f"forward tile {value!r}: expected MxN" in msg and "'fit' or 'default'" in msg
-
-
 def test_gpu_plan_of_recipe_defaults_matches_rollout_and_update_shapes(monkeypatch, tmp_path):
     # 1 node x 8 GPUs: 8 prompts x 16 rollouts, mini-batch 8 prompts -> 16 rollouts per rank; micro 16 (recipe
     # target) equals the rollout's 16 per DiT call, so the recomputed bf16 log-probs use the rollout's shape.
@@ -237,20 +222,3 @@ def test_gpu_plan_of_recipe_defaults_matches_rollout_and_update_shapes(monkeypat
     # The recipe's defaults match the shapes (micro-batch 16 = rollout chunk 16): no note.
     assert plan.resolved["topology"]["micro_batch_rollouts"] == 16
     assert not [n for n in report.notes if "rollout.micro_batch_size=16" in n]
-
-
-def test_a_bad_tile_and_a_bad_backend_are_both_reported():
-    report = Report()
-    check_environment({"WAM_FA4_FORWARD_TILE": "128x100", "WAM_ATTENTION_BACKEND": "flash3"}, report, "")
-    failures = dict(report.failures)
-    assert "forward tile '128x100'" in failures["WAM_FA4_FORWARD_TILE"]
-    assert "must be one of default, cudnn, fa4" in failures["WAM_ATTENTION_BACKEND"]
-
-
-def test_a_tile_without_the_fa4_backend_is_noted_as_without_effect():
-    report = Report()
-    check_environment({"WAM_FA4_FORWARD_TILE": "fit", "WAM_ATTENTION_BACKEND": "cudnn"}, report, "")
-    assert "WAM_FA4_FORWARD_TILE" not in dict(report.failures)
-    assert any(
-        "WAM_FA4_FORWARD_TILE has no effect unless WAM_ATTENTION_BACKEND=fa4 (it is 'cudnn')" in n for n in report.notes
-    )

@@ -106,42 +106,25 @@ class Settings:
 
 def check_attention_backend(env: Mapping[str, str], s: Settings, report: Report) -> None:
     """``WAM_ATTENTION_BACKEND``: a known kernel family, and for ``fa4`` on GPUs an importable FlashAttention-4 (a
-    missing package would otherwise fail in every actor worker after Ray has started); and ``WAM_FA4_FORWARD_TILE``.
+    missing package would otherwise fail in every actor worker after Ray has started).
 
     GPUs are assumed unless ``WAM_GPUS_PER_NODE`` is 0: an empty value means "detect at launch", and the node the
     job runs on usually has GPUs where the login node checking the contract has none.
     """
     from verl_omni.trainer.config import ATTENTION_BACKEND_NAMES
 
-    tile_ok = check_fa4_forward_tile(env, report)
     name = "WAM_ATTENTION_BACKEND"
     value = env.get(name, "").strip() or "default"
     if value not in ATTENTION_BACKEND_NAMES:
         report.fail(name, f"{name}={value!r} must be one of {', '.join(ATTENTION_BACKEND_NAMES)} (or empty: default)")
-    elif value != "fa4" and env.get("WAM_FA4_FORWARD_TILE", "").strip().lower() not in ("", "default"):
-        report.note(f"WAM_FA4_FORWARD_TILE has no effect unless {name}=fa4 (it is {value!r})")
     elif value == "fa4" and s.ints.get("WAM_GPUS_PER_NODE") == 0:
         report.note(f"{name}=fa4 has no effect without GPUs: the DiT keeps PyTorch's default attention on CPU")
-    elif value == "fa4" and tile_ok:  # the op's module reads the tile at import and stops on a bad one
+    elif value == "fa4":
         from verl_omni.models.wnm.flash_attention4 import fa4_import_problem
 
         problem = fa4_import_problem()
         if problem is not None:
             report.fail(name, f"{name}=fa4 but FlashAttention-4 does not import here: {problem}")
-
-
-def check_fa4_forward_tile(env: Mapping[str, str], report: Report) -> bool:
-    """``WAM_FA4_FORWARD_TILE``: empty, ``default``, ``fit`` or ``MxN``; returns whether it is valid. Every process
-    that imports the DiT's FlashAttention-4 op reads it (actor, rollout and vLLM-Omni workers alike), and a bad value
-    would stop each of them at import, after Ray has started."""
-    from verl_omni.models.wnm.flash_attention4_tiles import FORWARD_TILE_VARIABLE, parse_forward_tile
-
-    try:
-        parse_forward_tile(env.get(FORWARD_TILE_VARIABLE, ""))
-    except ValueError as e:
-        report.fail(FORWARD_TILE_VARIABLE, f"{FORWARD_TILE_VARIABLE}: {e}")
-        return False
-    return True
 
 
 def check_environment(env: Mapping[str, str], report: Report, paths_env: str) -> Settings:

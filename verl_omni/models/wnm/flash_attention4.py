@@ -15,54 +15,15 @@ costs nothing where it is not installed.
 from __future__ import annotations
 
 import math
-import os
 import warnings
 
 import torch
 from torch.utils.flop_counter import register_flop_formula, sdpa_backward_flop_count, sdpa_flop_count
 
-from .flash_attention4_tiles import FORWARD_TILE_VARIABLE, fit_tile_n, parse_forward_tile
-
 FA4_INSTALL_HINT = (
     "attention_backend 'fa4' needs FlashAttention-4 on a Hopper or Blackwell GPU: pip install flash-attn-4 "
     "'nvidia-cutlass-dsl[cu13]' (the cu13 extra for a CUDA 13 torch)"
 )
-
-
-# FlashAttention-4 picks its forward tile (queries x keys a CTA handles) from the head dimension alone; on Hopper at
-# head_dim 128 that is 128 x 128, and a key count that is not a multiple of 128 is paid for up to the next one (4640
-# keys cost 4736; 545 context keys cost 640). FORWARD_TILE asks for another tile:
-# - (tile_m, tile_n), e.g. (128, 160), for every call;
-# - "fit": tile_m 128 and, per call, the width of flash_attention4_tiles.FIT_TILE_NS that pads the call's key count
-#   least (4640 keys: 160, 29 whole tiles; 545 keys: 144, 4 tiles of 576); those widths are feasible at head_dim 128
-#   only, so at other head dims "fit" keeps the library's tile;
-# - None: the library's choice.
-# The tiles are Hopper's: on other GPUs the op keeps the library's (tile_applies). Set from WAM_FA4_FORWARD_TILE
-# ("128x160", "fit" or "default") at import, or assigned by a benchmark. It is read while a graph is traced, so
-# torch.compile guards on it and retraces when it changes.
-try:
-    FORWARD_TILE: tuple[int, int] | str | None = parse_forward_tile(os.environ.get(FORWARD_TILE_VARIABLE, ""))
-except ValueError as e:  # every worker stops here, naming the variable; the contract check refuses it before Ray
-    raise ValueError(f"environment variable {FORWARD_TILE_VARIABLE}: {e}") from None
-
-
-_warned_tile_dropped = False
-
-
-def tile_applies(device: torch.device) -> bool:
-    """Whether a requested forward tile is passed to the kernel on ``device``: on Hopper (compute capability 9.x),
-    whose tile shapes :func:`parse_forward_tile` and ``FIT_TILE_NS`` describe. Elsewhere (Blackwell's forward takes
-    only tile_m 128 and a tile_n that fits its tensor memory) the library's tile is kept, with one warning."""
-    global _warned_tile_dropped
-    if device.type == "cuda" and torch.cuda.get_device_capability(device)[0] == 9:
-        return True
-    if not _warned_tile_dropped:
-        _warned_tile_dropped = True
-        warnings.warn(
-            f"{FORWARD_TILE_VARIABLE} describes Hopper tiles; on {device} FlashAttention-4 keeps its own forward tile",
-            stacklevel=2,
-        )
-    return False
 
 
 def fa4_available() -> bool:
@@ -114,11 +75,9 @@ def _partial_cutlass_hint(error: ImportError) -> str:
 
 @torch.library.custom_op("wnm::fa4_attention", mutates_args=())
 def fa4_attention_with_lse(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_scale: float, tile_m: int = 0, tile_n: int = 0
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_scale: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Non-causal, unmasked attention of ``q [B, S, H, Dh]`` over ``k, v [B, L, H, Dh]`` (bf16 or fp16, CUDA).
-
-    ``tile_m, tile_n``: the forward kernel's tile (see :data:`FORWARD_TILE`); 0, 0 keeps FlashAttention-4's choice.
 
     Returns:
         ``(out [B, S, H, Dh] in q's dtype, lse [B, H, S] float32)``: the output and each query's log-sum-exp
@@ -126,16 +85,14 @@ def fa4_attention_with_lse(
     """
     # The kernel needs dense inputs. The block's q/k/v (projection outputs viewed as heads) already are, so these
     # calls copy nothing there; a caller with strided inputs pays one copy each.
-    tile = {"tile_mn": (tile_m, tile_n)} if tile_m and tile_n and tile_applies(q.device) else {}
     out, lse, *_ = _interface()._flash_attn_fwd(
-        q.contiguous(), k.contiguous(), v.contiguous(), softmax_scale=softmax_scale, causal=False, return_lse=True,
-        **tile,
-    )  # fmt: skip
+        q.contiguous(), k.contiguous(), v.contiguous(), softmax_scale=softmax_scale, causal=False, return_lse=True
+    )
     return out, lse
 
 
 @fa4_attention_with_lse.register_fake
-def _fa4_attention_fake(q, k, v, softmax_scale, tile_m=0, tile_n=0):
+def _fa4_attention_fake(q, k, v, softmax_scale):
     b, s, h, _ = q.shape
     return q.new_empty(b, s, h, v.shape[-1]), q.new_empty(b, h, s, dtype=torch.float32)
 
@@ -182,7 +139,7 @@ def _fa4_attention_backward_fake(grad_out, q, k, v, out, lse, softmax_scale):
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, softmax_scale, _tile_m, _tile_n = inputs
+    q, k, v, softmax_scale = inputs
     out, lse = output
     ctx.save_for_backward(q, k, v, out, lse)
     ctx.softmax_scale = softmax_scale
@@ -192,7 +149,7 @@ def _backward(ctx, grad_out, grad_lse):
     # The log-sum-exp is an auxiliary output our callers never differentiate; its gradient is ignored.
     q, k, v, out, lse = ctx.saved_tensors
     dq, dk, dv = fa4_attention_backward(grad_out, q, k, v, out, lse, ctx.softmax_scale)
-    return dq, dk, dv, None, None, None
+    return dq, dk, dv, None
 
 
 fa4_attention_with_lse.register_autograd(_backward, setup_context=_setup_context)
@@ -200,12 +157,8 @@ fa4_attention_with_lse.register_autograd(_backward, setup_context=_setup_context
 
 def fa4_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     """Attention of ``q [B, S, H, Dh]`` over ``k, v [B, L, H, Dh]`` -> ``[B, S, H, Dh]``, scale ``1/sqrt(Dh)``
-    (``F.scaled_dot_product_attention``'s default), by FlashAttention-4 with the forward tile :data:`FORWARD_TILE`."""
-    if FORWARD_TILE == "fit":
-        tile_m, tile_n = (128, fit_tile_n(k.shape[1])) if q.shape[-1] == 128 else (0, 0)
-    else:
-        tile_m, tile_n = FORWARD_TILE or (0, 0)
-    return fa4_attention_with_lse(q, k, v, 1.0 / math.sqrt(q.shape[-1]), tile_m, tile_n)[0]
+    (``F.scaled_dot_product_attention``'s default), by FlashAttention-4."""
+    return fa4_attention_with_lse(q, k, v, 1.0 / math.sqrt(q.shape[-1]))[0]
 
 
 def _heads_first(shape) -> tuple[int, int, int, int]:
