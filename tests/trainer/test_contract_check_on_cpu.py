@@ -200,6 +200,16 @@ def test_attention_backend_is_checked_before_ray_starts(monkeypatch):
         assert "WAM_ATTENTION_BACKEND" not in dict(report.failures), value
 
 
+def test_the_removed_fa4_tile_variable_is_noted_not_ignored():
+    report = Report()
+    check_environment({"WAM_FA4_FORWARD_TILE": "fit", "WAM_ATTENTION_BACKEND": "cudnn"}, report, "")
+    assert "WAM_FA4_FORWARD_TILE" not in dict(report.failures)
+    assert any("WAM_FA4_FORWARD_TILE is no longer read" in n for n in report.notes)
+    report = Report()
+    check_environment({"WAM_FA4_FORWARD_TILE": "", "WAM_ATTENTION_BACKEND": "cudnn"}, report, "")
+    assert not any("WAM_FA4_FORWARD_TILE" in n for n in report.notes)
+
+
 def test_gpu_plan_of_recipe_defaults_matches_rollout_and_update_shapes(monkeypatch, tmp_path):
     # 1 node x 8 GPUs: 8 prompts x 16 rollouts, mini-batch 8 prompts -> 16 rollouts per rank; micro 16 (recipe
     # target) equals the rollout's 16 per DiT call, so the recomputed bf16 log-probs use the rollout's shape.

@@ -125,6 +125,12 @@ def check_attention_backend(env: Mapping[str, str], s: Settings, report: Report)
         problem = fa4_import_problem()
         if problem is not None:
             report.fail(name, f"{name}=fa4 but FlashAttention-4 does not import here: {problem}")
+    # WAM_FA4_FORWARD_TILE chose FlashAttention-4's forward tile in earlier versions; measured, no tile beat the
+    # library's at every batch and the setting was removed. A paths.env that still sets it is told so, not ignored.
+    if env.get("WAM_FA4_FORWARD_TILE", "").strip():
+        report.note(
+            "WAM_FA4_FORWARD_TILE is no longer read (FlashAttention-4 keeps its own tile): remove it from paths.env"
+        )
 
 
 def check_environment(env: Mapping[str, str], report: Report, paths_env: str) -> Settings:
